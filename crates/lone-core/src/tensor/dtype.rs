@@ -1,0 +1,163 @@
+//! Storage formats of weights: a format is data (block size, bytes per block), not a type.
+
+use std::fmt;
+
+/// How the elements of a tensor are stored. Quantized formats pack `block_size()` elements
+/// into `block_bytes()` bytes, exactly as llama.cpp's ggml lays them out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+}
+
+impl DType {
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q8K,
+    ];
+
+    /// Elements per block (1 for plain float formats).
+    pub fn block_size(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
+            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::Q8K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q8_0 => 34,
+            DType::Q8_1 => 36,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
+            DType::Q4K => 144,
+            DType::Q5K => 176,
+            DType::Q6K => 210,
+            DType::Q8K => 292,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block_size() > 1
+    }
+
+    /// Bytes needed for `n` elements, or None if `n` is not a whole number of blocks.
+    pub fn bytes_for(self, n: usize) -> Option<usize> {
+        if n % self.block_size() != 0 {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.block_bytes())
+    }
+
+    /// The ggml type id used in GGUF files.
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q8_0 => 8,
+            DType::Q8_1 => 9,
+            DType::Q2K => 10,
+            DType::Q3K => 11,
+            DType::Q4K => 12,
+            DType::Q5K => 13,
+            DType::Q6K => 14,
+            DType::Q8K => 15,
+            DType::BF16 => 30,
+        }
+    }
+
+    pub fn from_ggml_type(t: u32) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.ggml_type() == t)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q8_0 => "Q8_0",
+            DType::Q8_1 => "Q8_1",
+            DType::Q2K => "Q2_K",
+            DType::Q3K => "Q3_K",
+            DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
+            DType::Q6K => "Q6_K",
+            DType::Q8K => "Q8_K",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Name of a ggml type id that lone does not support (for error messages).
+pub fn ggml_type_name(t: u32) -> String {
+    match DType::from_ggml_type(t) {
+        Some(d) => d.name().to_string(),
+        None => match t {
+            16 => "IQ2_XXS".into(),
+            17 => "IQ2_XS".into(),
+            18 => "IQ3_XXS".into(),
+            19 => "IQ1_S".into(),
+            20 => "IQ4_NL".into(),
+            21 => "IQ3_S".into(),
+            22 => "IQ2_S".into(),
+            23 => "IQ4_XS".into(),
+            24 => "I8".into(),
+            25 => "I16".into(),
+            26 => "I32".into(),
+            27 => "I64".into(),
+            28 => "F64".into(),
+            29 => "IQ1_M".into(),
+            34 => "TQ1_0".into(),
+            35 => "TQ2_0".into(),
+            39 => "MXFP4".into(),
+            _ => format!("type id {t}"),
+        },
+    }
+}

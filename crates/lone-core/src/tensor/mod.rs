@@ -1,0 +1,2 @@
+mod dtype;
+pub use dtype::{ggml_type_name, DType};
