@@ -1,7 +1,48 @@
+//! The library's error type: each message says what was wrong and, where possible, what to do.
+
+use std::path::{Path, PathBuf};
+
 use thiserror::Error;
+
 #[derive(Debug, Error)]
 pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {msg}")]
+    BadFile { path: PathBuf, msg: String },
+    #[error("{0}")]
+    Config(String),
+    #[error("missing tensor '{name}' in {source_desc}")]
+    MissingTensor { name: String, source_desc: String },
+    #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("{0}")]
+    Input(String),
     #[error("{0}")]
     Msg(String),
 }
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;

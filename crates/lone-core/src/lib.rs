@@ -2,6 +2,7 @@
 //!
 //! The data path: tokens → embed → layers (+cache) → logits → sampler → text.
 pub mod error;
+pub mod loader;
 pub mod quant;
 pub mod tensor;
 

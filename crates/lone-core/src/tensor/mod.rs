@@ -1,2 +1,108 @@
+//! A tensor is a storage format tag + shape + bytes (memory-mapped or owned).
+
 mod dtype;
 pub use dtype::{ggml_type_name, DType};
+
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+#[derive(Clone)]
+enum Bytes {
+    Mmap {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+/// A weight tensor in its stored format. Row-major: the last dimension is contiguous.
+#[derive(Clone)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    bytes: Bytes,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({}, {:?})", self.dtype, self.shape)
+    }
+}
+
+impl Tensor {
+    /// A view of `len` bytes at `offset` in `map`. The caller has checked the bounds.
+    pub fn from_mmap(
+        dtype: DType,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Tensor {
+        assert!(offset + len <= map.len());
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Mmap { map, offset, len },
+        }
+    }
+
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Tensor {
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Owned(Arc::new(bytes)),
+        }
+    }
+
+    pub fn from_f32(shape: Vec<usize>, data: &[f32]) -> Tensor {
+        let mut b = Vec::with_capacity(data.len() * 4);
+        for v in data {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        Tensor::from_bytes(DType::F32, shape, b)
+    }
+
+    pub fn data(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mmap { map, offset, len } => &map[*offset..*offset + *len],
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Length of one row (the last dimension).
+    pub fn row_len(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.numel() / self.row_len().max(1)
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_len() / self.dtype.block_size() * self.dtype.block_bytes()
+    }
+
+    /// The stored bytes of row `i`.
+    pub fn row(&self, i: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data()[i * rb..(i + 1) * rb]
+    }
+
+    /// Dequantize row `i` into `out` (length `row_len()`).
+    pub fn row_to_f32(&self, i: usize, out: &mut [f32]) {
+        crate::quant::dequantize_row(self.dtype, self.row(i), out);
+    }
+
+    /// The whole tensor as f32 (for small tensors: norms, biases, conv taps).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.numel()];
+        crate::quant::dequantize_row(self.dtype, self.data(), &mut out);
+        out
+    }
+}

@@ -1,0 +1,322 @@
+//! GGUF (llama.cpp's model file format, v2/v3): metadata and memory-mapped tensors.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+use crate::tensor::{ggml_type_name, DType, Tensor};
+
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+
+/// One metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    /// Any non-negative integer value.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MetaValue::U8(v) => Some(v as u64),
+            MetaValue::U16(v) => Some(v as u64),
+            MetaValue::U32(v) => Some(v as u64),
+            MetaValue::U64(v) => Some(v),
+            MetaValue::I8(v) => u64::try_from(v).ok(),
+            MetaValue::I16(v) => u64::try_from(v).ok(),
+            MetaValue::I32(v) => u64::try_from(v).ok(),
+            MetaValue::I64(v) => u64::try_from(v).ok(),
+            MetaValue::Bool(v) => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            MetaValue::I8(v) => Some(v as i64),
+            MetaValue::I16(v) => Some(v as i64),
+            MetaValue::I32(v) => Some(v as i64),
+            MetaValue::I64(v) => Some(v),
+            _ => self.as_u64().and_then(|v| i64::try_from(v).ok()),
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            MetaValue::F32(v) => Some(v as f64),
+            MetaValue::F64(v) => Some(v),
+            _ => self.as_i64().map(|v| v as f64),
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            MetaValue::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[MetaValue]> {
+        match self {
+            MetaValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Where one tensor lies in the file.
+#[derive(Clone, Debug)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// Row-major shape (outermost first); GGUF stores it innermost first.
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// Absolute byte offset in the file.
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// An opened GGUF file: metadata plus tensors that borrow the memory map.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, MetaValue>,
+    pub tensors: Vec<GgufTensorInfo>,
+    map: Arc<Mmap>,
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, what: &str) -> Error {
+        Error::BadFile {
+            path: self.path.to_path_buf(),
+            msg: format!(
+                "{what} (at byte {}, file is {} bytes)",
+                self.pos,
+                self.buf.len()
+            ),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| self.err("unexpected end of file: truncated GGUF header"))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn len(&mut self) -> Result<usize> {
+        let n = self.u64()?;
+        // Every element takes at least one byte, so a count beyond the file size is corrupt.
+        if n > self.buf.len() as u64 {
+            return Err(self.err(&format!("corrupt length {n}")));
+        }
+        Ok(n as usize)
+    }
+    fn string(&mut self) -> Result<String> {
+        let n = self.len()?;
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.err("string is not valid UTF-8"))
+    }
+    fn value(&mut self, ty: u32, depth: usize) -> Result<MetaValue> {
+        Ok(match ty {
+            0 => MetaValue::U8(self.u8()?),
+            1 => MetaValue::I8(self.u8()? as i8),
+            2 => MetaValue::U16(self.u16()?),
+            3 => MetaValue::I16(self.u16()? as i16),
+            4 => MetaValue::U32(self.u32()?),
+            5 => MetaValue::I32(self.u32()? as i32),
+            6 => MetaValue::F32(f32::from_bits(self.u32()?)),
+            7 => MetaValue::Bool(self.u8()? != 0),
+            8 => MetaValue::String(self.string()?),
+            9 => {
+                if depth > 2 {
+                    return Err(self.err("metadata arrays nested too deeply"));
+                }
+                let ety = self.u32()?;
+                let n = self.len()?;
+                let mut v = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    v.push(self.value(ety, depth + 1)?);
+                }
+                MetaValue::Array(v)
+            }
+            10 => MetaValue::U64(self.u64()?),
+            11 => MetaValue::I64(self.u64()? as i64),
+            12 => MetaValue::F64(f64::from_bits(self.u64()?)),
+            t => return Err(self.err(&format!("unknown metadata value type {t}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the file is mapped read-only; lone never writes to model files while they are
+        // loaded. A concurrent writer could change what we read, as with any mmap-based loader.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::parse(path, Arc::new(map))
+    }
+
+    fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile> {
+        let buf: &[u8] = &map;
+        let mut r = Reader { buf, pos: 0, path };
+        if buf.len() < 4 || &buf[..4] != GGUF_MAGIC {
+            return Err(Error::BadFile {
+                path: path.to_path_buf(),
+                msg: "not a GGUF file (missing GGUF magic)".into(),
+            });
+        }
+        r.pos = 4;
+        let version = r.u32()?;
+        if !(2..=3).contains(&version) {
+            return Err(r.err(&format!(
+                "unsupported GGUF version {version} (lone reads v2 and v3)"
+            )));
+        }
+        let n_tensors = r.len()?;
+        let n_kv = r.len()?;
+        let mut metadata = BTreeMap::new();
+        for _ in 0..n_kv {
+            let key = r.string()?;
+            let ty = r.u32()?;
+            let v = r.value(ty, 0)?;
+            metadata.insert(key, v);
+        }
+        let alignment = metadata
+            .get("general.alignment")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(32) as usize;
+        if alignment == 0 || !alignment.is_power_of_two() {
+            return Err(r.err(&format!("bad general.alignment {alignment}")));
+        }
+        let mut raw = Vec::with_capacity(n_tensors.min(1 << 16));
+        for _ in 0..n_tensors {
+            let name = r.string()?;
+            let n_dims = r.u32()? as usize;
+            if n_dims > 4 {
+                return Err(r.err(&format!("tensor '{name}' has {n_dims} dimensions (max 4)")));
+            }
+            let mut dims = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                dims.push(r.u64()? as usize);
+            }
+            let ty = r.u32()?;
+            let off = r.u64()? as usize;
+            raw.push((name, dims, ty, off));
+        }
+        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, dims, ty, off) in raw {
+            let dtype = DType::from_ggml_type(ty).ok_or_else(|| Error::BadFile {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "tensor '{name}' uses quantization type {} which lone does not support (supported: {})",
+                    ggml_type_name(ty),
+                    DType::ALL.map(|d| d.name()).join(", ")
+                ),
+            })?;
+            let n: usize = dims
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| r.err(&format!("tensor '{name}' has an overflowing shape")))?;
+            if dims.first().is_some_and(|&d0| d0 % dtype.block_size() != 0) {
+                return Err(r.err(&format!(
+                    "tensor '{name}': row length {} is not a multiple of the {dtype} block size",
+                    dims[0]
+                )));
+            }
+            let len = dtype.bytes_for(n).ok_or_else(|| r.err("bad tensor size"))?;
+            let offset = data_start
+                .checked_add(off)
+                .ok_or_else(|| r.err("bad tensor offset"))?;
+            if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
+                return Err(Error::BadFile {
+                    path: path.to_path_buf(),
+                    msg: format!(
+                        "tensor '{name}' ({dtype}, {len} bytes at offset {offset}) lies past the end of the file ({} bytes): the file is truncated",
+                        buf.len()
+                    ),
+                });
+            }
+            let shape: Vec<usize> = dims.iter().rev().copied().collect();
+            tensors.push(GgufTensorInfo {
+                name,
+                shape,
+                dtype,
+                offset,
+                len,
+            });
+        }
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            version,
+            metadata,
+            tensors,
+            map,
+        })
+    }
+
+    pub fn meta(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Option<&str> {
+        self.meta("general.architecture").and_then(|v| v.as_str())
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The named tensor as a view into the memory map.
+    pub fn tensor(&self, name: &str) -> Option<Tensor> {
+        let t = self.tensor_info(name)?;
+        Some(Tensor::from_mmap(
+            t.dtype,
+            t.shape.clone(),
+            self.map.clone(),
+            t.offset,
+            t.len,
+        ))
+    }
+}
