@@ -1,9 +1,20 @@
 //! lone-core: the library beneath the `lone` CLI.
 //!
 //! The data path: tokens → embed → layers (+cache) → logits → sampler → text.
+//! - `loader` reads GGUF and safetensors files into `tensor::Tensor`s (stored formats),
+//! - `config` describes a model whatever file it came from,
+//! - `kernels` / `quant` do the arithmetic, knowing nothing of models,
+//! - `nn` holds the shared blocks, `models` the families and the forward pass,
+//! - `cache` the per-sequence caches.
+pub mod cache;
+pub mod config;
 pub mod error;
+pub mod kernels;
 pub mod loader;
+pub mod models;
+pub mod nn;
 pub mod quant;
 pub mod tensor;
 
 pub use error::{Error, Result};
+pub use models::{Batch, Model};

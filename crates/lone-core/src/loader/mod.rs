@@ -1,2 +1,160 @@
-//! Model file loaders: GGUF and safetensors, giving named tensors to the model builders.
+//! Model file loaders: GGUF and safetensors. Models ask for tensors by their Hugging Face
+//! names; for GGUF files the names are mapped to llama.cpp's and llama's Q/K row permutation
+//! is undone, so model code never sees which file it came from.
+
 pub mod gguf;
+pub mod safetensors;
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+use self::gguf::GgufFile;
+use self::safetensors::SafetensorsFiles;
+
+/// Where a model's weights come from.
+pub enum WeightFiles {
+    Safetensors(SafetensorsFiles),
+    Gguf(GgufFile),
+}
+
+/// Named weights of one model.
+pub struct Weights {
+    pub files: WeightFiles,
+    pub path: PathBuf,
+    arch: Arch,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+/// llama.cpp's name for a HF tensor name.
+pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "model.embedding_norm.weight" => Some("token_embd_norm.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (idx, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?; // suffix: weight / bias
+    let g = match module {
+        "input_layernorm" | "operator_norm" => "attn_norm",
+        "post_attention_layernorm" | "ffn_norm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" | "self_attn.out_proj" => "attn_output",
+        "self_attn.q_norm" | "self_attn.q_layernorm" => "attn_q_norm",
+        "self_attn.k_norm" | "self_attn.k_layernorm" => "attn_k_norm",
+        "mlp.gate_proj" | "feed_forward.w1" => "ffn_gate",
+        "mlp.up_proj" | "feed_forward.w3" => "ffn_up",
+        "mlp.down_proj" | "feed_forward.w2" => "ffn_down",
+        "conv.in_proj" => "shortconv.in_proj",
+        "conv.conv" => "shortconv.conv",
+        "conv.out_proj" => "shortconv.out_proj",
+        _ => return None,
+    };
+    Some(format!("blk.{idx}.{g}.{suffix}"))
+}
+
+/// Undo convert_hf_to_gguf.py's permutation of llama Q/K rows (interleaved → halves RoPE).
+/// GGUF row `h*hd + 2i + j` holds HF row `h*hd + j*hd/2 + i`.
+fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
+    let rows = t.n_rows();
+    if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+        return Err(Error::Config(format!(
+            "cannot undo Q/K permutation: {rows} rows, {n_head} heads"
+        )));
+    }
+    let hd = rows / n_head;
+    let half = hd / 2;
+    let rb = t.row_bytes();
+    let mut out = vec![0u8; t.data().len()];
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * hd + 2 * i + j;
+                let dst = h * hd + j * half + i;
+                out[dst * rb..(dst + 1) * rb].copy_from_slice(t.row(src));
+            }
+        }
+    }
+    Ok(Tensor::from_bytes(t.dtype, t.shape.clone(), out))
+}
+
+impl Weights {
+    pub fn open(path: &Path, cfg: &ModelConfig, files: WeightFiles) -> Weights {
+        Weights {
+            files,
+            path: path.to_path_buf(),
+            arch: cfg.arch,
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+        }
+    }
+
+    /// The tensor with this HF name, if present.
+    pub fn get_opt(&self, name: &str) -> Result<Option<Tensor>> {
+        match &self.files {
+            WeightFiles::Safetensors(st) => Ok(st.get(name).cloned()),
+            WeightFiles::Gguf(g) => {
+                let Some(gname) = hf_to_gguf_name(name) else {
+                    return Ok(None);
+                };
+                let Some(t) = g.tensor(&gname) else {
+                    return Ok(None);
+                };
+                if self.arch == Arch::Llama && t.shape.len() == 2 {
+                    if name.ends_with("self_attn.q_proj.weight") {
+                        return unpermute_rows(&t, self.n_heads).map(Some);
+                    }
+                    if name.ends_with("self_attn.k_proj.weight") {
+                        return unpermute_rows(&t, self.n_kv_heads).map(Some);
+                    }
+                }
+                Ok(Some(t))
+            }
+        }
+    }
+
+    /// The tensor with this HF name; an error naming the tensor and the file if it is missing
+    /// or has the wrong number of elements.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.get_opt(name)?.ok_or_else(|| self.missing(name))?;
+        let n: usize = shape.iter().product();
+        if t.numel() != n || t.row_len() != *shape.last().unwrap_or(&1) {
+            return Err(Error::BadShape {
+                name: self.display_name(name),
+                got: t.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// A small tensor (norm weight, bias, conv taps) as f32.
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.get(name, shape)?.to_f32_vec())
+    }
+
+    fn display_name(&self, name: &str) -> String {
+        match &self.files {
+            WeightFiles::Safetensors(_) => name.to_string(),
+            WeightFiles::Gguf(_) => hf_to_gguf_name(name).unwrap_or_else(|| name.to_string()),
+        }
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::MissingTensor {
+            name: self.display_name(name),
+            source_desc: self.path.display().to_string(),
+        }
+    }
+}

@@ -1,0 +1,481 @@
+//! One model description for every family, read from a HF `config.json` (4.x or 5.x keys) or
+//! from GGUF metadata.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::loader::gguf::GgufFile;
+
+/// The model families lone implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Lfm2,
+    Lfm3,
+}
+
+pub const SUPPORTED: &str = "llama (SmolLM2 and other Llama-family), qwen2 (Qwen2/Qwen2.5), qwen3, lfm2 (LFM2/LFM2.5), lfm3";
+
+impl Arch {
+    pub fn from_model_type(t: &str) -> Option<Arch> {
+        Some(match t {
+            "llama" | "mistral" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "lfm2" => Arch::Lfm2,
+            "lfm3" => Arch::Lfm3,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Lfm2 => "lfm2",
+            Arch::Lfm3 => "lfm3",
+        }
+    }
+}
+
+/// What a decoder layer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Causal attention over the whole sequence.
+    Attention,
+    /// Causal attention over the last `sliding_window` positions.
+    SlidingAttention,
+    /// LFM's gated short convolution.
+    Conv,
+}
+
+/// Rotary embedding of one attention kind.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f64,
+    /// Fraction of head_dim that is rotated (1.0 = all).
+    pub partial_rotary_factor: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// The FFN width actually used (LFM2's adjustment rule already applied).
+    pub ffn_dim: usize,
+    pub norm_eps: f32,
+    pub rope: RopeConfig,
+    /// RoPE of sliding-window layers, where it differs.
+    pub rope_sliding: RopeConfig,
+    pub tie_embeddings: bool,
+    pub layer_kinds: Vec<LayerKind>,
+    pub conv_kernel: usize,
+    pub conv_bias: bool,
+    pub attention_bias: bool,
+    pub qk_norm: bool,
+    pub sliding_window: usize,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Anything family-specific that is kept as raw JSON (lfm3 extras).
+    pub raw: Value,
+}
+
+fn cfg_err(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
+fn get_usize(v: &Value, keys: &[&str]) -> Option<usize> {
+    keys.iter()
+        .find_map(|k| v.get(*k).and_then(|x| x.as_u64()).map(|x| x as usize))
+}
+
+fn get_f64(v: &Value, keys: &[&str]) -> Option<f64> {
+    keys.iter().find_map(|k| v.get(*k).and_then(|x| x.as_f64()))
+}
+
+fn need_usize(v: &Value, keys: &[&str]) -> Result<usize> {
+    get_usize(v, keys).ok_or_else(|| cfg_err(format!("config.json lacks {}", keys.join(" / "))))
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// RoPE theta from `rope_parameters` (5.x; may be nested per layer type) or `rope_theta` (4.x).
+fn rope_theta(v: &Value, layer_type: Option<&str>, default: f64) -> Result<(f64, Option<f64>)> {
+    let check_type = |rp: &Value| -> Result<()> {
+        if let Some(t) = rp.get("rope_type").and_then(|t| t.as_str()) {
+            if t != "default" && t != "proportional" {
+                return Err(cfg_err(format!(
+                    "rope type '{t}' is not supported yet (lone supports default RoPE)"
+                )));
+            }
+        }
+        Ok(())
+    };
+    if let Some(rp) = v.get("rope_parameters").filter(|x| x.is_object()) {
+        let rp = match layer_type.and_then(|lt| rp.get(lt)) {
+            Some(inner) if inner.is_object() => inner,
+            _ => rp,
+        };
+        check_type(rp)?;
+        if let Some(t) = rp.get("rope_theta").and_then(|x| x.as_f64()) {
+            return Ok((t, rp.get("partial_rotary_factor").and_then(|x| x.as_f64())));
+        }
+    }
+    if let Some(rs) = v.get("rope_scaling").filter(|x| x.is_object()) {
+        check_type(rs)?;
+    }
+    Ok((get_f64(v, &["rope_theta"]).unwrap_or(default), None))
+}
+
+impl ModelConfig {
+    /// Parse a HF `config.json` (plus `generation_config.json` beside it, for EOS ids).
+    pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+            path: path.clone(),
+            msg: format!("invalid JSON: {e}"),
+        })?;
+        let mut cfg = Self::from_hf_json(&v)?;
+        let gpath = dir.join("generation_config.json");
+        if let Ok(t) = std::fs::read_to_string(&gpath) {
+            if let Ok(g) = serde_json::from_str::<Value>(&t) {
+                for id in ids(g.get("eos_token_id")) {
+                    if !cfg.eos_token_ids.contains(&id) {
+                        cfg.eos_token_ids.push(id);
+                    }
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn from_hf_json(v: &Value) -> Result<ModelConfig> {
+        let model_type = v.get("model_type").and_then(|x| x.as_str()).unwrap_or("");
+        let arch = Arch::from_model_type(model_type).ok_or_else(|| {
+            let archs = v
+                .get("architectures")
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            Error::Unsupported(format!(
+                "model_type '{model_type}' {archs} is not supported; lone supports {SUPPORTED}"
+            ))
+        })?;
+        let hidden_size = need_usize(v, &["hidden_size", "block_dim", "d_model"])?;
+        let n_layers = need_usize(v, &["num_hidden_layers", "n_layers"])?;
+        let n_heads = need_usize(v, &["num_attention_heads", "num_heads"])?;
+        let n_kv_heads = get_usize(v, &["num_key_value_heads"]).unwrap_or(n_heads);
+        let vocab_size = need_usize(v, &["vocab_size"])?;
+        let head_dim = get_usize(v, &["head_dim"]).unwrap_or(hidden_size / n_heads.max(1));
+        let norm_eps =
+            get_f64(v, &["rms_norm_eps", "norm_eps", "block_norm_eps"]).unwrap_or(1e-6) as f32;
+        let max_pos = get_usize(v, &["max_position_embeddings"]).unwrap_or(4096);
+        let tie_default = matches!(arch, Arch::Lfm2 | Arch::Lfm3);
+        let tie = v
+            .get("tie_word_embeddings")
+            .or_else(|| v.get("tie_embedding"))
+            .and_then(|x| x.as_bool())
+            .unwrap_or(tie_default);
+
+        // Layer kinds.
+        let layer_kinds: Vec<LayerKind> = match arch {
+            Arch::Lfm2 | Arch::Lfm3 => {
+                if let Some(lt) = v.get("layer_types").and_then(|x| x.as_array()) {
+                    lt.iter()
+                        .map(|t| match t.as_str() {
+                            Some("conv") => Ok(LayerKind::Conv),
+                            Some("full_attention") | Some("attention") => Ok(LayerKind::Attention),
+                            Some("sliding_attention") => Ok(LayerKind::SlidingAttention),
+                            other => Err(cfg_err(format!(
+                                "unknown layer type {other:?} in layer_types"
+                            ))),
+                        })
+                        .collect::<Result<_>>()?
+                } else if let Some(idx) = v.get("full_attn_idxs").and_then(|x| x.as_array()) {
+                    let idx: Vec<u64> = idx.iter().filter_map(|x| x.as_u64()).collect();
+                    (0..n_layers as u64)
+                        .map(|i| {
+                            if idx.contains(&i) {
+                                LayerKind::Attention
+                            } else {
+                                LayerKind::Conv
+                            }
+                        })
+                        .collect()
+                } else {
+                    vec![LayerKind::Attention; n_layers]
+                }
+            }
+            _ => vec![LayerKind::Attention; n_layers],
+        };
+        if layer_kinds.len() != n_layers {
+            return Err(cfg_err(format!(
+                "layer_types has {} entries but num_hidden_layers is {n_layers}",
+                layer_kinds.len()
+            )));
+        }
+
+        // FFN width.
+        let mut ffn_dim = need_usize(v, &["block_ff_dim", "intermediate_size"])?;
+        if arch == Arch::Lfm2
+            && v.get("block_auto_adjust_ff_dim")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(true)
+        {
+            ffn_dim = 2 * ffn_dim / 3;
+            let mult = v.get("block_ffn_dim_multiplier");
+            let mult = match mult {
+                None => Some(1.0),
+                Some(Value::Null) => None,
+                Some(m) => m.as_f64(),
+            };
+            if let Some(m) = mult {
+                ffn_dim = (m * ffn_dim as f64) as usize;
+                let mo = get_usize(v, &["block_multiple_of"]).unwrap_or(256).max(1);
+                ffn_dim = ffn_dim.div_ceil(mo) * mo;
+            }
+        }
+
+        let (theta, prf) = rope_theta(v, Some("full_attention"), 10000.0)?;
+        let (theta_s, prf_s) = rope_theta(v, Some("sliding_attention"), theta)?;
+        let top_prf = get_f64(v, &["partial_rotary_factor"]);
+        let rope = RopeConfig {
+            theta,
+            partial_rotary_factor: prf.or(top_prf).unwrap_or(1.0),
+        };
+        let rope_sliding = RopeConfig {
+            theta: theta_s,
+            partial_rotary_factor: prf_s.unwrap_or(1.0),
+        };
+
+        let mut eos = ids(v.get("eos_token_id"));
+        eos.dedup();
+        Ok(ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn_dim,
+            norm_eps,
+            rope,
+            rope_sliding,
+            tie_embeddings: tie,
+            layer_kinds,
+            conv_kernel: get_usize(v, &["conv_L_cache", "conv_kernel_size"]).unwrap_or(3),
+            conv_bias: v
+                .get("conv_bias")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+            attention_bias: match arch {
+                Arch::Qwen2 => true,
+                _ => v
+                    .get("attention_bias")
+                    .and_then(|x| x.as_bool())
+                    .unwrap_or(false),
+            },
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Lfm2 | Arch::Lfm3),
+            sliding_window: get_usize(v, &["sliding_window"]).unwrap_or(0),
+            max_position_embeddings: max_pos,
+            bos_token_id: ids(v.get("bos_token_id")).first().copied(),
+            eos_token_ids: eos,
+            raw: v.clone(),
+        })
+    }
+
+    /// Build the description from GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
+    pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+        let path = g.path.display().to_string();
+        let a = g
+            .architecture()
+            .ok_or_else(|| cfg_err(format!("{path}: no general.architecture")))?;
+        let arch = Arch::from_model_type(a).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{path}: GGUF architecture '{a}' is not supported; lone supports {SUPPORTED}"
+            ))
+        })?;
+        let key = |k: &str| format!("{a}.{k}");
+        let need = |k: &str| -> Result<usize> {
+            g.meta(&key(k))
+                .and_then(|v| {
+                    v.as_u64().map(|x| x as usize).or_else(|| {
+                        v.as_array()
+                            .and_then(|a| a.iter().filter_map(|x| x.as_u64()).max())
+                            .map(|x| x as usize)
+                    })
+                })
+                .ok_or_else(|| cfg_err(format!("{path}: GGUF metadata lacks {}", key(k))))
+        };
+        let hidden_size = need("embedding_length")?;
+        let n_layers = need("block_count")?;
+        let n_heads = need("attention.head_count")?;
+        // lfm2 stores head_count_kv per layer (0 for conv layers).
+        let kv_meta = g.meta(&key("attention.head_count_kv"));
+        let (n_kv_heads, layer_kinds) = match kv_meta {
+            Some(v) if v.as_array().is_some() => {
+                let arr: Vec<u64> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .collect();
+                if arr.len() != n_layers {
+                    return Err(cfg_err(format!(
+                        "{path}: {} has {} entries for {n_layers} layers",
+                        key("attention.head_count_kv"),
+                        arr.len()
+                    )));
+                }
+                let kv = arr.iter().copied().max().unwrap_or(0) as usize;
+                let kinds = arr
+                    .iter()
+                    .map(|&x| {
+                        if x == 0 {
+                            LayerKind::Conv
+                        } else {
+                            LayerKind::Attention
+                        }
+                    })
+                    .collect();
+                (kv, kinds)
+            }
+            Some(v) => (
+                v.as_u64().unwrap_or(n_heads as u64) as usize,
+                vec![LayerKind::Attention; n_layers],
+            ),
+            None => (n_heads, vec![LayerKind::Attention; n_layers]),
+        };
+        let head_dim = g
+            .meta(&key("attention.key_length"))
+            .and_then(|v| v.as_u64())
+            .map(|x| x as usize)
+            .unwrap_or(hidden_size / n_heads.max(1));
+        let ffn_dim = need("feed_forward_length")?;
+        let norm_eps = g
+            .meta(&key("attention.layer_norm_rms_epsilon"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1e-5) as f32;
+        let theta = g
+            .meta(&key("rope.freq_base"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0);
+        let vocab_size = g
+            .meta(&key("vocab_size"))
+            .and_then(|v| v.as_u64())
+            .map(|x| x as usize)
+            .or_else(|| {
+                g.meta("tokenizer.ggml.tokens")
+                    .and_then(|v| v.as_array())
+                    .map(|a| a.len())
+            })
+            .or_else(|| g.tensor_info("token_embd.weight").map(|t| t.shape[0]))
+            .ok_or_else(|| cfg_err(format!("{path}: cannot tell the vocabulary size")))?;
+        let max_pos = g
+            .meta(&key("context_length"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(4096) as usize;
+        let tie = g.tensor_info("output.weight").is_none();
+        let conv_kernel = g
+            .meta(&key("shortconv.l_cache"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(3) as usize;
+        let attention_bias = g.tensor_info("blk.0.attn_q.bias").is_some();
+        let qk_norm = g
+            .tensors
+            .iter()
+            .any(|t| t.name.ends_with("attn_q_norm.weight"));
+        let bos = g
+            .meta("tokenizer.ggml.bos_token_id")
+            .and_then(|v| v.as_u64())
+            .map(|x| x as u32);
+        let mut eos: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+            .iter()
+            .filter_map(|k| g.meta(k).and_then(|v| v.as_u64()).map(|x| x as u32))
+            .collect();
+        eos.dedup();
+        let rope = RopeConfig {
+            theta,
+            partial_rotary_factor: 1.0,
+        };
+        Ok(ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn_dim,
+            norm_eps,
+            rope,
+            rope_sliding: rope,
+            tie_embeddings: tie,
+            layer_kinds,
+            conv_kernel,
+            conv_bias: g.tensor_info("blk.0.shortconv.conv.bias").is_some(),
+            attention_bias,
+            qk_norm,
+            sliding_window: 0,
+            max_position_embeddings: max_pos,
+            bos_token_id: bos,
+            eos_token_ids: eos,
+            raw: Value::Null,
+        })
+    }
+
+    /// Sanity checks that keep later indexing in bounds.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(cfg_err(m));
+        if self.hidden_size == 0
+            || self.n_layers == 0
+            || self.n_heads == 0
+            || self.n_kv_heads == 0
+            || self.vocab_size == 0
+        {
+            return bad(format!("model config has a zero size: {self:?}"));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 || self.head_dim > 512 {
+            return bad(format!(
+                "head_dim {} must be even and at most 512",
+                self.head_dim
+            ));
+        }
+        if self.layer_kinds.contains(&LayerKind::SlidingAttention) && self.sliding_window == 0 {
+            return bad("sliding_attention layers need a sliding_window > 0".into());
+        }
+        if self.conv_kernel == 0 || self.conv_kernel > 64 {
+            return bad(format!(
+                "conv kernel size {} out of range",
+                self.conv_kernel
+            ));
+        }
+        Ok(())
+    }
+}

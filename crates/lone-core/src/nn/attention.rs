@@ -1,0 +1,210 @@
+//! Grouped-query causal attention with RoPE, optional per-head q/k RMSNorm, optional
+//! sliding window, over the per-sequence KV cache.
+
+use rayon::prelude::*;
+
+use super::{Linear, RmsNorm, Row};
+use crate::cache::{LayerCache, SeqCache};
+use crate::error::Result;
+use crate::kernels::{self, Rope};
+use crate::loader::Weights;
+
+/// How one attention layer is named and shaped.
+pub struct AttentionSpec<'a> {
+    pub prefix: &'a str,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub bias: bool,
+    /// Output projection module name (`o_proj` or `out_proj`).
+    pub out_name: &'a str,
+    /// Per-head q/k norm module names (e.g. `q_norm`, `k_norm`), if any.
+    pub qk_norm: Option<(&'a str, &'a str)>,
+    pub norm_eps: f32,
+    pub rope: Rope,
+    /// Keys visible to position i: i - window < j <= i.
+    pub window: Option<usize>,
+}
+
+pub struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope: Rope,
+    pub window: Option<usize>,
+}
+
+impl Attention {
+    pub fn load(ws: &Weights, s: &AttentionSpec) -> Result<Attention> {
+        let p = s.prefix;
+        let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+        let (q_norm, k_norm) = match s.qk_norm {
+            Some((qn, kn)) => (
+                Some(RmsNorm::load(
+                    ws,
+                    &format!("{p}.{qn}"),
+                    s.head_dim,
+                    s.norm_eps,
+                )?),
+                Some(RmsNorm::load(
+                    ws,
+                    &format!("{p}.{kn}"),
+                    s.head_dim,
+                    s.norm_eps,
+                )?),
+            ),
+            None => (None, None),
+        };
+        Ok(Attention {
+            q: Linear::load(ws, &format!("{p}.q_proj"), s.hidden, qd, s.bias)?,
+            k: Linear::load(ws, &format!("{p}.k_proj"), s.hidden, kvd, s.bias)?,
+            v: Linear::load(ws, &format!("{p}.v_proj"), s.hidden, kvd, s.bias)?,
+            o: Linear::load(ws, &format!("{p}.{}", s.out_name), qd, s.hidden, false)?,
+            q_norm,
+            k_norm,
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+            rope: s.rope.clone(),
+            window: s.window,
+        })
+    }
+
+    /// Project, rotate and cache q/k/v for `rows`, then attend. Returns the per-head context
+    /// `[n, n_heads * head_dim]` (before the output projection).
+    pub fn context(
+        &self,
+        x: &[f32],
+        rows: &[Row],
+        caches: &mut [SeqCache],
+        layer: usize,
+    ) -> Vec<f32> {
+        let n = rows.len();
+        let hd = self.head_dim;
+        let (qd, kvd) = (self.n_heads * hd, self.n_kv_heads * hd);
+        let mut q = self.q.forward(x, n);
+        let mut k = self.k.forward(x, n);
+        let v = self.v.forward(x, n);
+        if let Some(qn) = &self.q_norm {
+            qn.forward(&mut q);
+        }
+        if let Some(kn) = &self.k_norm {
+            kn.forward(&mut k);
+        }
+        for (i, r) in rows.iter().enumerate() {
+            self.rope.apply(&mut q[i * qd..(i + 1) * qd], hd, r.pos);
+            self.rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, r.pos);
+        }
+        let mut ctx = vec![0.0; n * qd];
+        // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
+        // earlier row of this batch is overwritten: attend in chunks of that size.
+        let chunk = match &caches.first().map(|c| &c.layers[layer]) {
+            Some(LayerCache::SlidingRing { window, cap, .. }) => (cap - window).max(1),
+            _ => n.max(1),
+        };
+        let mut start = 0;
+        while start < n {
+            let end = (start + chunk).min(n);
+            for i in start..end {
+                let r = rows[i];
+                write_kv(
+                    &mut caches[r.seq].layers[layer],
+                    r.pos,
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                );
+            }
+            let caches_ro: &[SeqCache] = caches;
+            ctx[start * qd..end * qd]
+                .par_chunks_mut(qd)
+                .enumerate()
+                .for_each(|(ii, out)| {
+                    let i = start + ii;
+                    let r = rows[i];
+                    self.attend(
+                        &q[i * qd..(i + 1) * qd],
+                        &caches_ro[r.seq].layers[layer],
+                        r.pos,
+                        out,
+                    );
+                });
+            start = end;
+        }
+        ctx
+    }
+
+    fn attend(&self, q: &[f32], cache: &LayerCache, pos: usize, out: &mut [f32]) {
+        let hd = self.head_dim;
+        let kvd = self.n_kv_heads * hd;
+        let group = self.n_heads / self.n_kv_heads;
+        let first = match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        let (kc, vc, cap) = match cache {
+            LayerCache::Attention { k, v } => (k, v, usize::MAX),
+            LayerCache::SlidingRing { k, v, cap, .. } => (k, v, *cap),
+            LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
+        };
+        let slot = |j: usize| if cap == usize::MAX { j } else { j % cap };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = vec![0f32; pos + 1 - first];
+        for h in 0..self.n_heads {
+            let kvh = h / group;
+            let qh = &q[h * hd..(h + 1) * hd];
+            for (s, j) in scores.iter_mut().zip(first..=pos) {
+                let kr = &kc[slot(j) * kvd + kvh * hd..][..hd];
+                *s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+            kernels::softmax(&mut scores);
+            let o = &mut out[h * hd..(h + 1) * hd];
+            o.fill(0.0);
+            for (p, j) in scores.iter().zip(first..=pos) {
+                let vr = &vc[slot(j) * kvd + kvh * hd..][..hd];
+                for (a, b) in o.iter_mut().zip(vr) {
+                    *a += p * b;
+                }
+            }
+        }
+    }
+
+    /// Full attention sub-block: context then output projection.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        rows: &[Row],
+        caches: &mut [SeqCache],
+        layer: usize,
+    ) -> Vec<f32> {
+        let ctx = self.context(x, rows, caches, layer);
+        self.o.forward(&ctx, rows.len())
+    }
+}
+
+fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
+    let d = k.len();
+    match cache {
+        LayerCache::Attention { k: kc, v: vc } => {
+            // Positions arrive in order; a cache longer than `pos` was truncated logically.
+            kc.truncate(pos * d);
+            vc.truncate(pos * d);
+            kc.extend_from_slice(k);
+            vc.extend_from_slice(v);
+        }
+        LayerCache::SlidingRing {
+            k: kc, v: vc, cap, ..
+        } => {
+            let s = (pos % *cap) * d;
+            kc[s..s + d].copy_from_slice(k);
+            vc[s..s + d].copy_from_slice(v);
+        }
+        LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
+    }
+}

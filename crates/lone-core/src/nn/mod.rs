@@ -1,0 +1,150 @@
+//! Building blocks shared by the model families: linear layers, norms, embeddings, attention,
+//! the gated short convolution and the SwiGLU feed-forward.
+
+mod attention;
+mod conv;
+
+pub use attention::{Attention, AttentionSpec};
+pub use conv::ShortConv;
+
+use crate::error::Result;
+use crate::kernels;
+use crate::loader::Weights;
+use crate::tensor::Tensor;
+
+/// A position of one sequence in a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// Index into the caches slice given to `forward`.
+    pub seq: usize,
+    pub pos: usize,
+}
+
+/// `y = x Wᵀ (+ b)` with W in its stored format.
+pub struct Linear {
+    pub w: Tensor,
+    pub b: Option<Vec<f32>>,
+    pub in_dim: usize,
+    pub out_dim: usize,
+}
+
+impl Linear {
+    pub fn load(
+        ws: &Weights,
+        prefix: &str,
+        in_dim: usize,
+        out_dim: usize,
+        bias: bool,
+    ) -> Result<Linear> {
+        let w = ws.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let b = if bias {
+            Some(ws.get_f32(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            w,
+            b,
+            in_dim,
+            out_dim,
+        })
+    }
+
+    pub fn from_tensor(w: Tensor) -> Linear {
+        let (out_dim, in_dim) = (w.n_rows(), w.row_len());
+        Linear {
+            w,
+            b: None,
+            in_dim,
+            out_dim,
+        }
+    }
+
+    /// `n` rows of `in_dim` → `n` rows of `out_dim`.
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0.0; n * self.out_dim];
+        kernels::matmul(&self.w, x, n, &mut y);
+        if let Some(b) = &self.b {
+            for row in y.chunks_mut(self.out_dim) {
+                kernels::add_inplace(row, b);
+            }
+        }
+        y
+    }
+}
+
+pub struct RmsNorm {
+    pub w: Vec<f32>,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(ws: &Weights, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            w: ws.get_f32(&format!("{name}.weight"), &[dim])?,
+            eps,
+        })
+    }
+    /// Normalise each `w.len()`-wide row of `x` in place.
+    pub fn forward(&self, x: &mut [f32]) {
+        kernels::rmsnorm(x, &self.w, self.eps);
+    }
+    /// A normalised copy.
+    pub fn apply(&self, x: &[f32]) -> Vec<f32> {
+        let mut y = x.to_vec();
+        self.forward(&mut y);
+        y
+    }
+}
+
+pub struct Embedding {
+    pub t: Tensor,
+    pub dim: usize,
+}
+
+impl Embedding {
+    pub fn load(ws: &Weights, name: &str, vocab: usize, dim: usize) -> Result<Embedding> {
+        Ok(Embedding {
+            t: ws.get(name, &[vocab, dim])?,
+            dim,
+        })
+    }
+    /// Rows for `ids` (ids already checked against the vocabulary size).
+    pub fn forward(&self, ids: &[u32]) -> Vec<f32> {
+        let mut out = vec![0.0; ids.len() * self.dim];
+        for (dst, &id) in out.chunks_mut(self.dim).zip(ids) {
+            self.t.row_to_f32(id as usize, dst);
+        }
+        out
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate x) * up x)`.
+pub struct Mlp {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl Mlp {
+    /// `names` = (gate, up, down) module names under `prefix`.
+    pub fn load(
+        ws: &Weights,
+        prefix: &str,
+        names: [&str; 3],
+        dim: usize,
+        ffn: usize,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: Linear::load(ws, &format!("{prefix}.{}", names[0]), dim, ffn, false)?,
+            up: Linear::load(ws, &format!("{prefix}.{}", names[1]), dim, ffn, false)?,
+            down: Linear::load(ws, &format!("{prefix}.{}", names[2]), ffn, dim, false)?,
+        })
+    }
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut g = self.gate.forward(x, n);
+        let u = self.up.forward(x, n);
+        kernels::silu_mul(&mut g, &u);
+        self.down.forward(&g, n)
+    }
+}

@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""Generate reference fixtures for the `lone` Rust tests.
+
+Run from anywhere:
+
+    python tests/reference/generate.py            # regenerate everything
+    python tests/reference/generate.py llama qwen3  # only some fixtures
+
+Everything is written under ``tests/reference/fixtures/<name>/`` and is fully
+deterministic (fixed seeds, CPU, eager attention, float32 math).
+
+What it makes
+-------------
+Tiny random-init checkpoints (vocab 512, hidden 64, 4 heads / 2 kv heads,
+head_dim 16 unless stated) for six fixtures:
+
+* ``lfm2_a`` -- model_type ``lfm2`` whose ``config.json`` is written in the
+  *4.x Hub style* (``full_attn_idxs``, ``block_ff_dim``,
+  ``block_auto_adjust_ff_dim: true``, ``block_ffn_dim_multiplier`` 1.5,
+  ``block_multiple_of`` 16, ``rope_theta``, ``torch_dtype``, ...); layers
+  conv,conv,attn,conv,attn.  block_ff_dim 90 -> int(2*90/3)=60 ->
+  int(1.5*60)=90 -> rounded up to a multiple of 16 = 96 (checked against the
+  instantiated module and recorded in meta.json as ``ffn_width``).
+* ``lfm2_b`` -- ``lfm2`` with a 5.x-style config (``layer_types``,
+  ``rope_parameters``, ``dtype``), ``block_auto_adjust_ff_dim: false``
+  (FFN width = intermediate_size = 96), layers attn,conv,attn.
+* ``lfm3``   -- ``lfm3`` (transformers' Lfm3Config): conv / sliding / full
+  layers, sliding_window 8, a 20-token prompt, conv_L_cache 7, proportional
+  partial rotary (0.5) on full layers with theta 1e6, default rope theta 1e4 on
+  sliding layers, sigmoid attention output gate, sandwich (post) norms.
+* ``qwen2``  -- q/k/v biases, untied lm_head.
+* ``qwen3``  -- q/k norm, explicit head_dim 32 (!= hidden/heads = 16), tied.
+* ``llama``  -- SmolLM2-like (tied embeddings, GQA); intermediate 256 so that
+  the ffn_down rows can take a real K-quant.
+
+Weights are random (std 0.1), every norm weight is ``1 + 0.3*randn`` and every
+bias ``0.1*randn`` (std 0.3 for the short-conv kernels) so that greedy decoding
+does not collapse to one repeated token.
+
+Files per fixture (see README.md next to this script):
+
+* ``config.json``, ``model.safetensors``, ``generation_config.json`` -- f32
+  checkpoint as ``save_pretrained`` writes it (lfm2_a: config.json then
+  overwritten with the Hub 4.x style config, and reloading is verified).
+* ``tokenizer.json``, ``tokenizer_config.json`` -- a shared byte-level BPE
+  tokenizer with exactly 512 ids (3 specials, 256 byte tokens, 253 merges).
+* ``prompt_ids.json``, ``greedy.json`` (24 ids; repeated full-sequence
+  forward without cache, argmax of the last row).
+* ``logits.npy``  f32 [P+24, vocab]: one full-sequence forward over
+  prompt+greedy.
+* ``hidden.npy``  f32 [n_layers+1, P, hidden]: forward hooks; row 0 = output
+  of embed_tokens, row i+1 = output of decoder layer i (before the final norm).
+* ``f16/`` and ``bf16/``: the same weights saved in that dtype (config dtype
+  updated), ``logits.npy`` computed by loading those weights, upcasting to f32
+  and running in f32 over the same token sequence, plus ``greedy.json`` of that
+  upcast model.
+* ``model-{f32,f16,bf16,q8_0}.gguf`` -- llama.cpp's convert_hf_to_gguf.py
+  (all fixtures except lfm3: llama.cpp at the pinned commit has no LFM3
+  support).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
+  (Q4_K_M; tensors whose rows are not a multiple of 256 get llama-quantize's
+  fallback types) come from ``llama-quantize`` when the binary exists.
+* ``meta.json`` -- sizes, layer kinds, versions, tensor lists, GGUF tensor
+  types, etc.
+
+GGUF conversion
+---------------
+The converter is run in a subprocess (``generate.py --convert DIR``) that
+imports ``convert_hf_to_gguf`` from ``$LLAMA_CPP_SRC`` (default
+``~/.cache/llama.cpp-0c1e570/src``) and monkeypatches exactly one thing:
+``TextModel.get_vocab_base_pre`` (the hash table that recognises known
+pre-tokenizers) is replaced by a function returning ``"gpt-2"``, which is the
+truth for our tokenizer (plain GPT-2 ByteLevel pre-tokenizer).  Nothing else
+is patched.  ``llama-quantize`` is looked up in ``$LLAMA_CPP_BIN`` (default
+``~/.cache/llama.cpp-0c1e570/bin``, then ``.../build/bin``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE / "fixtures"
+LLAMA_CPP_SRC = Path(os.environ.get("LLAMA_CPP_SRC", "~/.cache/llama.cpp-0c1e570/src")).expanduser()
+LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", "~/.cache/llama.cpp-0c1e570/bin")).expanduser()
+GGUF_PRE = "gpt-2"
+GGUF_OUTTYPES = ["f32", "f16", "bf16", "q8_0"]
+
+VOCAB = 512
+N_GREEDY = 24
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Training text for the tiny tokenizer (any fixed text works; it only has to
+# yield >= 253 merges).
+CORPUS = """
+The quick brown fox jumps over the lazy dog. A small language model reads tokens one at a time,
+keeps a cache of keys and values, and predicts the next token. Short convolutions mix nearby
+positions cheaply, while attention layers look back over the whole context or over a sliding
+window of recent tokens. Rotary position embeddings rotate pairs of query and key channels by an
+angle that grows with the position. Root mean square normalization rescales every vector so that
+its mean square equals one, then multiplies by a learned weight. The feed forward block uses a
+gated linear unit with the SiLU activation: the gate and the up projection are multiplied, and the
+down projection brings the result back to the hidden size. Quantization stores weights in blocks
+of thirty two values with one scale per block; the k-quants use super blocks of two hundred and
+fifty six values. Tests compare logits, hidden states and greedy tokens against this reference.
+Hello world! How are you today? I am fine, thank you. What is the capital of France? It is Paris.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 42 100 256 512 1024 2048 65536. Rust is a systems language.
+def main():\n    print("hello")\n    return 0\nfn main() { println!("hello"); }
+""" * 3
+
+
+# ----------------------------------------------------------------------------
+# GGUF conversion subprocess
+# ----------------------------------------------------------------------------
+
+def _convert_main(model_dir: str, jobs: list[tuple[str, str]]) -> None:
+    sys.path.insert(0, str(LLAMA_CPP_SRC / "gguf-py"))
+    sys.path.insert(0, str(LLAMA_CPP_SRC))
+    import convert_hf_to_gguf  # noqa: F401  (registers the model classes)
+    from conversion import base as conv_base
+
+    # The only patch: our tokenizer's pre-tokenizer hash is unknown to the
+    # converter; it is a plain GPT-2 ByteLevel pre-tokenizer.
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        return GGUF_PRE
+
+    conv_base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+    for outtype, outfile in jobs:
+        sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", outtype, "--outfile", outfile]
+        convert_hf_to_gguf.main()
+
+
+# ----------------------------------------------------------------------------
+# Everything below runs in the main process
+# ----------------------------------------------------------------------------
+
+def make_tokenizer(out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        min_frequency=1,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([line for line in CORPUS.split("\n") if line], trainer=trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    for i, s in enumerate(SPECIALS):
+        assert tok.token_to_id(s) == i
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIALS[BOS_ID],
+        eos_token=SPECIALS[EOS_ID],
+        pad_token=SPECIALS[PAD_ID],
+        unk_token=None,
+        model_max_length=2048,
+        chat_template=CHAT_TEMPLATE,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+
+
+def randomize_(model, seed: int) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "conv.conv" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def full_logits(model, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.logits[0].float()
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(full_logits(model, seq)[-1].argmax()))
+    return seq[len(prompt):]
+
+
+def hidden_states(model, prompt: list[int]):
+    import torch
+
+    inner = model.model
+    caps: dict[int, torch.Tensor] = {}
+
+    def hook(idx):
+        def fn(_mod, _inp, out):
+            t = out[0] if isinstance(out, tuple) else out
+            caps[idx] = t.detach()[0].float().clone()
+        return fn
+
+    handles = [inner.embed_tokens.register_forward_hook(hook(0))]
+    for i, layer in enumerate(inner.layers):
+        handles.append(layer.register_forward_hook(hook(i + 1)))
+    try:
+        full_logits(model, prompt)
+    finally:
+        for h in handles:
+            h.remove()
+    n = len(inner.layers) + 1
+    assert sorted(caps) == list(range(n))
+    return torch.stack([caps[i] for i in range(n)])
+
+
+def ffn_width(model) -> int:
+    return int(model.model.layers[0].feed_forward.w1.weight.shape[0]) if hasattr(
+        model.model.layers[0], "feed_forward") else int(model.model.layers[0].mlp.gate_proj.weight.shape[0])
+
+
+def safetensors_index(path: Path) -> dict:
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), "pt") as f:
+        for k in sorted(f.keys()):
+            sl = f.get_slice(k)
+            out[k] = {"dtype": sl.get_dtype(), "shape": list(sl.get_shape())}
+    return out
+
+
+def gguf_index(path: Path) -> dict:
+    sys.path.insert(0, str(LLAMA_CPP_SRC / "gguf-py"))
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    tensors = {t.name: {"type": t.tensor_type.name, "shape": [int(x) for x in t.shape]} for t in r.tensors}
+    kv = {}
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name.startswith("tokenizer.ggml.") and f.name not in (
+                "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.add_eos_token"):
+            continue
+        try:
+            v = f.contents()
+        except Exception:  # pragma: no cover
+            v = "?"
+        if isinstance(v, str) and len(v) > 200:
+            v = v[:200] + "..."
+        kv[f.name] = v
+    return {"kv": kv, "tensors": tensors}
+
+
+# ----------------------------------------------------------------------------
+# Fixture specs
+# ----------------------------------------------------------------------------
+
+PROMPT_TEXT = "The quick brown fox jumps over the lazy dog"
+PROMPT_TEXT_LONG = "Hello world! How are you today? Rust is a systems language."
+
+
+def lfm2_a_hub_config(dtype: str = "float32") -> dict:
+    return {
+        "architectures": ["Lfm2ForCausalLM"],
+        "block_auto_adjust_ff_dim": True,
+        "block_dim": 64,
+        "block_ff_dim": 90,
+        "block_ffn_dim_multiplier": 1.5,
+        "block_mlp_init_scale": 1.0,
+        "block_multiple_of": 16,
+        "block_norm_eps": 1e-05,
+        "block_out_init_scale": 1.0,
+        "block_use_swiglu": True,
+        "block_use_xavier_init": True,
+        "bos_token_id": BOS_ID,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "conv_dim": 64,
+        "conv_dim_out": 64,
+        "conv_use_xavier_init": True,
+        "eos_token_id": EOS_ID,
+        "full_attn_idxs": [2, 4],
+        "hidden_size": 64,
+        "initializer_range": 0.1,
+        "max_position_embeddings": 2048,
+        "model_type": "lfm2",
+        "norm_eps": 1e-05,
+        "num_attention_heads": 4,
+        "num_heads": 4,
+        "num_hidden_layers": 5,
+        "num_key_value_heads": 2,
+        "pad_token_id": PAD_ID,
+        "rope_theta": 1000000.0,
+        "torch_dtype": dtype,
+        "transformers_version": "4.54.0.dev0",
+        "use_cache": True,
+        "use_pos_enc": True,
+        "vocab_size": VOCAB,
+    }
+
+
+def build(name: str):
+    """Return (model, hub_config_or_None, prompt_text, expected_ffn)."""
+    import torch
+    from transformers import (AutoConfig, Lfm2Config, Lfm2ForCausalLM, Lfm3Config, Lfm3ForCausalLM, LlamaConfig,
+                              LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, initializer_range=0.1, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+                  eos_token_id=EOS_ID)
+    torch.manual_seed(0)
+    hub = None
+    prompt = PROMPT_TEXT
+    if name == "lfm2_a":
+        hub = lfm2_a_hub_config()
+        tmp = FIXTURES / name
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+        cfg = AutoConfig.from_pretrained(str(tmp))
+        assert isinstance(cfg, Lfm2Config)
+        assert cfg.layer_types == ["conv", "conv", "full_attention", "conv", "full_attention"], cfg.layer_types
+        assert cfg.intermediate_size == 90
+        model = Lfm2ForCausalLM(cfg)
+        expected_ffn = 96  # int(2*90/3)=60; int(1.5*60)=90; ceil to 16 -> 96
+    elif name == "lfm2_b":
+        cfg = Lfm2Config(**common, num_hidden_layers=3, intermediate_size=96, block_auto_adjust_ff_dim=False,
+                         layer_types=["full_attention", "conv", "full_attention"], conv_L_cache=3,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, norm_eps=1e-5,
+                         tie_word_embeddings=True)
+        model = Lfm2ForCausalLM(cfg)
+        expected_ffn = 96
+    elif name == "lfm3":
+        cfg = Lfm3Config(**common, num_hidden_layers=4, intermediate_size=96, head_dim=16,
+                         layer_types=["conv", "sliding_attention", "full_attention", "sliding_attention"],
+                         sliding_window=8, conv_L_cache=7, norm_eps=1e-5, tie_word_embeddings=True,
+                         rope_parameters={
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                                                "partial_rotary_factor": 0.5},
+                         })
+        model = Lfm3ForCausalLM(cfg)
+        expected_ffn = 96
+        prompt = PROMPT_TEXT_LONG
+    elif name == "qwen2":
+        cfg = Qwen2Config(**common, num_hidden_layers=2, intermediate_size=96, tie_word_embeddings=False,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
+        model = Qwen2ForCausalLM(cfg)
+        expected_ffn = 96
+    elif name == "qwen3":
+        cfg = Qwen3Config(**common, num_hidden_layers=2, intermediate_size=96, head_dim=32, tie_word_embeddings=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
+        model = Qwen3ForCausalLM(cfg)
+        expected_ffn = 96
+    elif name == "llama":
+        cfg = LlamaConfig(**common, num_hidden_layers=2, intermediate_size=256, tie_word_embeddings=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5)
+        model = LlamaForCausalLM(cfg)
+        expected_ffn = 256
+    else:
+        raise KeyError(name)
+    model = model.float().eval()
+    model.config._attn_implementation = "eager"
+    return model, hub, prompt, expected_ffn
+
+
+SEEDS = {"lfm2_a": 11, "lfm2_b": 12, "lfm3": 13, "qwen2": 14, "qwen3": 15, "llama": 16}
+ALL = list(SEEDS)
+GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
+
+
+def load(dir_: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(dir_), dtype=torch.float32, attn_implementation="eager")
+    return m.eval()
+
+
+def layer_kinds(cfg) -> list[str]:
+    lt = getattr(cfg, "layer_types", None)
+    if lt is None:
+        return ["full_attention"] * cfg.num_hidden_layers
+    return list(lt)
+
+
+def save_np(path: Path, t) -> None:
+    import numpy as np
+
+    np.save(str(path), t.detach().cpu().numpy().astype(np.float32))
+
+
+def gen_fixture(name: str, tok_dir: Path) -> dict:
+    import numpy as np
+    import safetensors
+    import tokenizers
+    import torch
+    import transformers
+
+    out = FIXTURES / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+    model, hub, prompt_text, expected_ffn = build(name)
+    randomize_(model, SEEDS[name])
+    assert ffn_width(model) == expected_ffn, (ffn_width(model), expected_ffn)
+
+    tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    prompt = tok.encode(prompt_text).ids
+    if name == "lfm3":
+        assert len(prompt) > model.config.sliding_window
+    assert 12 <= len(prompt) <= 24, len(prompt)
+
+    # f32 checkpoint
+    model.save_pretrained(str(out))
+    for f in tok_dir.iterdir():
+        shutil.copy(f, out / f.name)
+    if hub is not None:
+        (out / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+
+    # Reload from disk: the fixture must be what the references are computed from.
+    ref = load(out)
+    assert ffn_width(ref) == expected_ffn
+    sd_a, sd_b = model.state_dict(), ref.state_dict()
+    for k in sd_a:
+        assert torch.equal(sd_a[k], sd_b[k]), k
+
+    gen = greedy(ref, prompt, N_GREEDY)
+    seq = prompt + gen
+    logits = full_logits(ref, seq)
+    hid = hidden_states(ref, prompt)
+    # sanity: the full-sequence rows reproduce the greedy choices
+    assert [int(x) for x in logits[len(prompt) - 1:-1].argmax(-1)] == gen
+    (out / "prompt_ids.json").write_text(json.dumps(prompt) + "\n")
+    (out / "greedy.json").write_text(json.dumps(gen) + "\n")
+    save_np(out / "logits.npy", logits)
+    save_np(out / "hidden.npy", hid)
+
+    # half-precision copies: stored in f16/bf16, evaluated after upcast to f32
+    half = {}
+    for dname, dt in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+        sub = out / dname
+        m = copy.deepcopy(ref).to(dt)
+        m.config.dtype = dt
+        m.save_pretrained(str(sub))
+        if hub is not None:
+            (sub / "config.json").write_text(json.dumps(lfm2_a_hub_config(
+                "float16" if dt == torch.float16 else "bfloat16"), indent=2) + "\n")
+        st = safetensors_index(sub / "model.safetensors")
+        want = "F16" if dt == torch.float16 else "BF16"
+        assert all(v["dtype"] == want for v in st.values()), st
+        hm = load(sub)
+        assert all(p.dtype == torch.float32 for p in hm.parameters())
+        save_np(sub / "logits.npy", full_logits(hm, seq))
+        hg = greedy(hm, prompt, N_GREEDY)
+        (sub / "greedy.json").write_text(json.dumps(hg) + "\n")
+        half[dname] = {"greedy_matches_f32": hg == gen,
+                       "max_abs_logit_diff_vs_f32": float((full_logits(hm, seq) - logits).abs().max())}
+
+    cfg = ref.config
+    kinds = layer_kinds(cfg)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    meta = {
+        "name": name,
+        "family": {"lfm2_a": "lfm2", "lfm2_b": "lfm2"}.get(name, name),
+        "model_type": cfg.model_type,
+        "architecture": type(ref).__name__,
+        "config_style": "hub-4.x" if hub is not None else "transformers-5.x",
+        "n_layers": cfg.num_hidden_layers,
+        "layer_kinds": kinds,
+        "hidden_size": cfg.hidden_size,
+        "ffn_width": ffn_width(ref),
+        "intermediate_size_config": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "n_heads": cfg.num_attention_heads,
+        "n_kv_heads": cfg.num_key_value_heads,
+        "head_dim": head_dim,
+        "norm_eps": getattr(cfg, "norm_eps", None) or getattr(cfg, "rms_norm_eps", None),
+        "rope_parameters": cfg.rope_parameters,
+        "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+        "conv_L_cache": getattr(cfg, "conv_L_cache", None),
+        "sliding_window": getattr(cfg, "sliding_window", None) if "sliding_attention" in kinds else None,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "prompt_text": prompt_text,
+        "prompt_len": len(prompt),
+        "n_greedy": N_GREEDY,
+        "greedy_distinct_tokens": len(set(gen)),
+        "logits_shape": list(logits.shape),
+        "hidden_shape": list(hid.shape),
+        "hidden_rows": "row 0 = embed_tokens output; row i+1 = decoder layer i output (before final norm)",
+        "half_precision": half,
+        "safetensors": safetensors_index(out / "model.safetensors"),
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                     "numpy": np.__version__, "safetensors": safetensors.__version__,
+                     "tokenizers": tokenizers.__version__},
+        "seed": SEEDS[name],
+    }
+    if name == "lfm2_a":
+        meta["ffn_width_rule"] = "int(2*90/3)=60 -> int(1.5*60)=90 -> 16*ceil(90/16)=96"
+    return meta
+
+
+def run_gguf(name: str, meta: dict) -> None:
+    out = FIXTURES / name
+    jobs = [(t, str(out / f"model-{t}.gguf")) for t in GGUF_OUTTYPES]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--convert", str(out), json.dumps(jobs)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        meta["gguf_error"] = r.stderr[-4000:]
+        print(f"[{name}] GGUF conversion FAILED:\n{r.stderr[-4000:]}", file=sys.stderr)
+        return
+    meta["gguf"] = {}
+    for t in GGUF_OUTTYPES:
+        p = out / f"model-{t}.gguf"
+        meta["gguf"][p.name] = gguf_index(p)
+
+    if name == "llama":
+        q = None
+        for cand in (LLAMA_CPP_BIN / "llama-quantize", LLAMA_CPP_BIN.parent / "build" / "bin" / "llama-quantize"):
+            if cand.is_file():
+                q = cand
+                break
+        if q is None:
+            meta["quantize"] = "skipped: llama-quantize binary not found"
+            print(f"[{name}] llama-quantize not found, skipping q4_0/q4_k", file=sys.stderr)
+            return
+        for qt, fname in (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf")):
+            r = subprocess.run([str(q), str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                meta.setdefault("quantize_errors", {})[fname] = r.stderr[-2000:]
+                print(f"[{name}] llama-quantize {qt} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+                continue
+            meta["gguf"][fname] = gguf_index(out / fname)
+            meta["gguf"][fname]["llama_quantize_type"] = qt
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) >= 1 and argv[0] == "--convert":
+        _convert_main(argv[1], [tuple(j) for j in json.loads(argv[2])])
+        return
+    import torch
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.use_deterministic_algorithms(True)
+    names = argv or ALL
+    tok_dir = FIXTURES / "_tokenizer_tmp"
+    if tok_dir.exists():
+        shutil.rmtree(tok_dir)
+    make_tokenizer(tok_dir)
+    try:
+        for name in names:
+            print(f"== {name}", flush=True)
+            meta = gen_fixture(name, tok_dir)
+            if name in GGUF_FIXTURES:
+                run_gguf(name, meta)
+            else:
+                meta["gguf"] = None
+                meta["gguf_note"] = "llama.cpp 0c1e570 has no LFM3 support; no GGUF made"
+            (FIXTURES / name / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            print(f"   prompt {meta['prompt_len']} tok, greedy {json.loads((FIXTURES / name / 'greedy.json').read_text())}",
+                  flush=True)
+    finally:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
