@@ -18,12 +18,12 @@ head_dim 16 unless stated) for six fixtures:
   *4.x Hub style* (``full_attn_idxs``, ``block_ff_dim``,
   ``block_auto_adjust_ff_dim: true``, ``block_ffn_dim_multiplier`` 1.5,
   ``block_multiple_of`` 16, ``rope_theta``, ``torch_dtype``, ...); layers
-  conv,conv,attn,conv,attn.  block_ff_dim 90 -> int(2*90/3)=60 ->
-  int(1.5*60)=90 -> rounded up to a multiple of 16 = 96 (checked against the
+  conv,conv,attn,conv,attn.  block_ff_dim 60 -> int(2*60/3)=40 ->
+  int(1.5*40)=60 -> rounded up to a multiple of 16 = 64 (checked against the
   instantiated module and recorded in meta.json as ``ffn_width``).
 * ``lfm2_b`` -- ``lfm2`` with a 5.x-style config (``layer_types``,
   ``rope_parameters``, ``dtype``), ``block_auto_adjust_ff_dim: false``
-  (FFN width = intermediate_size = 96), layers attn,conv,attn.
+  (FFN width = intermediate_size = 64), layers attn,conv,attn.
 * ``lfm3``   -- ``lfm3`` (transformers' Lfm3Config): conv / sliding / full
   layers, sliding_window 8, a 20-token prompt, conv_L_cache 7, proportional
   partial rotary (0.5) on full layers with theta 1e6, default rope theta 1e4 on
@@ -70,7 +70,11 @@ imports ``convert_hf_to_gguf`` from ``$LLAMA_CPP_SRC`` (default
 ``TextModel.get_vocab_base_pre`` (the hash table that recognises known
 pre-tokenizers) is replaced by a function returning ``"gpt-2"``, which is the
 truth for our tokenizer (plain GPT-2 ByteLevel pre-tokenizer).  Nothing else
-is patched.  ``llama-quantize`` is looked up in ``$LLAMA_CPP_BIN`` (default
+is patched, except that when the ``sentencepiece`` package is missing,
+``TextModel._set_vocab_sentencepiece`` raises FileNotFoundError (what it does
+anyway when there is no tokenizer.model) so that LlamaModel.set_vocab falls
+back to the GPT-2 BPE path instead of dying on the import.  ``llama-quantize``
+is looked up in ``$LLAMA_CPP_BIN`` (default
 ``~/.cache/llama.cpp-0c1e570/bin``, then ``.../build/bin``).
 """
 
@@ -136,6 +140,18 @@ def _convert_main(model_dir: str, jobs: list[tuple[str, str]]) -> None:
         return GGUF_PRE
 
     conv_base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+    # LlamaModel.set_vocab tries SentencePiece first and only falls back to the
+    # GPT-2 BPE path on FileNotFoundError.  Without the `sentencepiece` package
+    # the import fails with ModuleNotFoundError before the tokenizer.model
+    # existence check; emulate that check instead (no tokenizer.model here).
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        def _no_sentencepiece(self, *a, **k):
+            raise FileNotFoundError("no tokenizer.model (sentencepiece not installed)")
+
+        conv_base.TextModel._set_vocab_sentencepiece = _no_sentencepiece
 
     for outtype, outfile in jobs:
         sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", outtype, "--outfile", outfile]
@@ -286,7 +302,7 @@ def lfm2_a_hub_config(dtype: str = "float32") -> dict:
         "architectures": ["Lfm2ForCausalLM"],
         "block_auto_adjust_ff_dim": True,
         "block_dim": 64,
-        "block_ff_dim": 90,
+        "block_ff_dim": 60,
         "block_ffn_dim_multiplier": 1.5,
         "block_mlp_init_scale": 1.0,
         "block_multiple_of": 16,
@@ -341,18 +357,18 @@ def build(name: str):
         cfg = AutoConfig.from_pretrained(str(tmp))
         assert isinstance(cfg, Lfm2Config)
         assert cfg.layer_types == ["conv", "conv", "full_attention", "conv", "full_attention"], cfg.layer_types
-        assert cfg.intermediate_size == 90
+        assert cfg.intermediate_size == 60
         model = Lfm2ForCausalLM(cfg)
-        expected_ffn = 96  # int(2*90/3)=60; int(1.5*60)=90; ceil to 16 -> 96
+        expected_ffn = 64  # int(2*60/3)=40; int(1.5*40)=60; ceil to 16 -> 64
     elif name == "lfm2_b":
-        cfg = Lfm2Config(**common, num_hidden_layers=3, intermediate_size=96, block_auto_adjust_ff_dim=False,
+        cfg = Lfm2Config(**common, num_hidden_layers=3, intermediate_size=64, block_auto_adjust_ff_dim=False,
                          layer_types=["full_attention", "conv", "full_attention"], conv_L_cache=3,
                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, norm_eps=1e-5,
                          tie_word_embeddings=True)
         model = Lfm2ForCausalLM(cfg)
-        expected_ffn = 96
+        expected_ffn = 64
     elif name == "lfm3":
-        cfg = Lfm3Config(**common, num_hidden_layers=4, intermediate_size=96, head_dim=16,
+        cfg = Lfm3Config(**common, num_hidden_layers=4, intermediate_size=64, head_dim=16,
                          layer_types=["conv", "sliding_attention", "full_attention", "sliding_attention"],
                          sliding_window=8, conv_L_cache=7, norm_eps=1e-5, tie_word_embeddings=True,
                          rope_parameters={
@@ -361,18 +377,18 @@ def build(name: str):
                                                 "partial_rotary_factor": 0.5},
                          })
         model = Lfm3ForCausalLM(cfg)
-        expected_ffn = 96
+        expected_ffn = 64
         prompt = PROMPT_TEXT_LONG
     elif name == "qwen2":
-        cfg = Qwen2Config(**common, num_hidden_layers=2, intermediate_size=96, tie_word_embeddings=False,
+        cfg = Qwen2Config(**common, num_hidden_layers=2, intermediate_size=64, tie_word_embeddings=False,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
         model = Qwen2ForCausalLM(cfg)
-        expected_ffn = 96
+        expected_ffn = 64
     elif name == "qwen3":
-        cfg = Qwen3Config(**common, num_hidden_layers=2, intermediate_size=96, head_dim=32, tie_word_embeddings=True,
+        cfg = Qwen3Config(**common, num_hidden_layers=2, intermediate_size=64, head_dim=32, tie_word_embeddings=False,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
         model = Qwen3ForCausalLM(cfg)
-        expected_ffn = 96
+        expected_ffn = 64
     elif name == "llama":
         cfg = LlamaConfig(**common, num_hidden_layers=2, intermediate_size=256, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5)
@@ -385,7 +401,7 @@ def build(name: str):
     return model, hub, prompt, expected_ffn
 
 
-SEEDS = {"lfm2_a": 11, "lfm2_b": 12, "lfm3": 13, "qwen2": 14, "qwen3": 15, "llama": 16}
+SEEDS = {"lfm2_a": 11, "lfm2_b": 12, "lfm3": 13, "qwen2": 14, "qwen3": 19, "llama": 17}
 ALL = list(SEEDS)
 GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
 
@@ -453,6 +469,8 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
     hid = hidden_states(ref, prompt)
     # sanity: the full-sequence rows reproduce the greedy choices
     assert [int(x) for x in logits[len(prompt) - 1:-1].argmax(-1)] == gen
+    top2 = logits[len(prompt) - 1:-1].topk(2, dim=-1).values
+    min_margin = float((top2[:, 0] - top2[:, 1]).min())
     (out / "prompt_ids.json").write_text(json.dumps(prompt) + "\n")
     (out / "greedy.json").write_text(json.dumps(gen) + "\n")
     save_np(out / "logits.npy", logits)
@@ -509,6 +527,7 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
         "prompt_len": len(prompt),
         "n_greedy": N_GREEDY,
         "greedy_distinct_tokens": len(set(gen)),
+        "greedy_min_top1_top2_margin": min_margin,
         "logits_shape": list(logits.shape),
         "hidden_shape": list(hid.shape),
         "hidden_rows": "row 0 = embed_tokens output; row i+1 = decoder layer i output (before final norm)",
@@ -520,7 +539,7 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
         "seed": SEEDS[name],
     }
     if name == "lfm2_a":
-        meta["ffn_width_rule"] = "int(2*90/3)=60 -> int(1.5*60)=90 -> 16*ceil(90/16)=96"
+        meta["ffn_width_rule"] = "int(2*60/3)=40 -> int(1.5*40)=60 -> 16*ceil(60/16)=64"
     return meta
 
 

@@ -32,7 +32,8 @@ pub enum LayerCache {
 #[derive(Clone, Debug)]
 pub struct SeqCache {
     pub layers: Vec<LayerCache>,
-    len: usize,
+    /// The tokens whose state the cache holds, in position order.
+    tokens: Vec<u32>,
     kv_dim: usize,
     rollback: usize,
 }
@@ -69,7 +70,7 @@ impl SeqCache {
             .collect();
         SeqCache {
             layers,
-            len: 0,
+            tokens: Vec::new(),
             kv_dim,
             rollback,
         }
@@ -77,21 +78,35 @@ impl SeqCache {
 
     /// Positions held.
     pub fn len(&self) -> usize {
-        self.len
+        self.tokens.len()
+    }
+
+    /// The tokens held.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Length of the longest common prefix of the cached tokens and `tokens`.
+    pub fn common_prefix(&self, tokens: &[u32]) -> usize {
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.tokens.is_empty()
     }
 
-    /// Called by the model after a forward pass appended `n` positions to every layer.
-    pub fn advance(&mut self, n: usize) {
-        self.len += n;
+    /// Called by the model after a forward pass appended these tokens to every layer.
+    pub fn advance(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
     }
 
     /// Forget everything.
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.tokens.clear();
         for l in &mut self.layers {
             if let LayerCache::Attention { k, v } = l {
                 k.clear();
@@ -103,8 +118,8 @@ impl SeqCache {
     /// Whether `truncate(len)` would succeed: always for full attention; for ring and conv
     /// layers only within the rollback window.
     pub fn can_truncate(&self, len: usize) -> bool {
-        len >= self.len
-            || self.len - len <= self.rollback
+        len >= self.len()
+            || self.len() - len <= self.rollback
             || self
                 .layers
                 .iter()
@@ -114,7 +129,7 @@ impl SeqCache {
     /// Roll the sequence back to its first `len` positions. Returns false (and changes
     /// nothing) if the ring or conv history no longer holds what that would need.
     pub fn truncate(&mut self, len: usize) -> bool {
-        if len >= self.len {
+        if len >= self.len() {
             return true;
         }
         if !self.can_truncate(len) {
@@ -127,7 +142,7 @@ impl SeqCache {
                 v.truncate(len * kv);
             }
         }
-        self.len = len;
+        self.tokens.truncate(len);
         true
     }
 }

@@ -9,10 +9,12 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod generate;
 pub mod kernels;
 pub mod loader;
 pub mod models;
 pub mod nn;
+pub mod npy;
 pub mod quant;
 pub mod tensor;
 

@@ -31,12 +31,14 @@ fn open_one(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<()> {
             StDtype::F32 => DType::F32,
             StDtype::F16 => DType::F16,
             StDtype::BF16 => DType::BF16,
-            other => return Err(Error::BadFile {
-                path: path.to_path_buf(),
-                msg: format!(
+            other => {
+                return Err(Error::BadFile {
+                    path: path.to_path_buf(),
+                    msg: format!(
                     "tensor '{name}' has dtype {other:?}; lone loads F32, F16 and BF16 checkpoints"
                 ),
-            }),
+                })
+            }
         };
         let data = view.data();
         let offset = data.as_ptr() as usize - base;

@@ -201,12 +201,8 @@ impl Model {
                 out.hidden.push(x.clone());
             }
         }
-        let mut counts = vec![0usize; caches.len()];
-        for r in &batch.rows {
-            counts[r.seq] += 1;
-        }
-        for (c, n) in caches.iter_mut().zip(counts) {
-            c.advance(n);
+        for (r, &t) in batch.rows.iter().zip(&batch.tokens) {
+            caches[r.seq].advance(&[t]);
         }
         let sel: Vec<usize> = (0..batch.len()).filter(|&i| batch.logits[i]).collect();
         let mut xs = Vec::with_capacity(sel.len() * h);

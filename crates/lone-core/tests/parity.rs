@@ -1,0 +1,217 @@
+//! Parity with transformers on the committed reference fixtures (tests/reference/fixtures,
+//! made by tests/reference/generate.py): logits, per-layer hidden states, greedy tokens, and
+//! token-by-token decode, for every family and every stored format.
+
+use std::path::{Path, PathBuf};
+
+use lone_core::npy;
+use lone_core::{Batch, Model};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures")
+}
+
+fn read_ids(p: &Path) -> Vec<u32> {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap()
+}
+
+struct Fixture {
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    /// [P + 24, vocab] from one full-sequence forward in transformers.
+    logits: npy::NpyArray,
+}
+
+fn load_fixture(dir: &Path) -> Fixture {
+    Fixture {
+        prompt: read_ids(&dir.join("prompt_ids.json")),
+        greedy: read_ids(&dir.join("greedy.json")),
+        logits: npy::read(&dir.join("logits.npy")).unwrap(),
+    }
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Max |a - b| over a row range, with the position of the worst element.
+fn max_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len());
+    let mut worst = (0f32, 0);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        if d > worst.0 || d.is_nan() {
+            worst = (d, i);
+        }
+    }
+    worst
+}
+
+/// Full-sequence prefill of prompt+greedy: every row against the reference.
+fn check_prefill(model: &Model, f: &Fixture, reference: &npy::NpyArray, tol: f32, what: &str) {
+    let seq: Vec<u32> = f.prompt.iter().chain(&f.greedy).copied().collect();
+    let v = model.cfg.vocab_size;
+    let mut cache = model.new_cache();
+    let out = model
+        .forward(
+            &Batch::for_sequence(0, 0, &seq, true),
+            std::slice::from_mut(&mut cache),
+        )
+        .unwrap();
+    assert_eq!(out.logits.len(), seq.len() * v);
+    assert_eq!(reference.shape, vec![seq.len(), v]);
+    let (d, at) = max_diff(&out.logits, &reference.data);
+    assert!(
+        d <= tol,
+        "{what}: prefill logits differ by {d} (> {tol}) at row {} col {}",
+        at / v,
+        at % v
+    );
+}
+
+/// Token-by-token decode from an empty cache equals the reference rows.
+fn check_decode(model: &Model, f: &Fixture, reference: &npy::NpyArray, tol: f32, what: &str) {
+    let seq: Vec<u32> = f.prompt.iter().chain(&f.greedy).copied().collect();
+    let v = model.cfg.vocab_size;
+    let mut cache = model.new_cache();
+    for (i, &t) in seq.iter().enumerate() {
+        let out = model
+            .forward(
+                &Batch::for_sequence(0, i, &[t], true),
+                std::slice::from_mut(&mut cache),
+            )
+            .unwrap();
+        let (d, at) = max_diff(&out.logits, &reference.data[i * v..(i + 1) * v]);
+        assert!(
+            d <= tol,
+            "{what}: decode step {i} logits differ by {d} (> {tol}) at col {at}"
+        );
+    }
+}
+
+/// Greedy generation (prefill the prompt, then one token at a time) gives the reference tokens.
+fn check_greedy(model: &Model, f: &Fixture, what: &str) {
+    let mut cache = model.new_cache();
+    let out = model
+        .forward(
+            &Batch::for_sequence(0, 0, &f.prompt, false),
+            std::slice::from_mut(&mut cache),
+        )
+        .unwrap();
+    let mut tok = argmax(&out.logits);
+    let mut got = vec![tok];
+    while got.len() < f.greedy.len() {
+        let pos = cache.len();
+        let out = model
+            .forward(
+                &Batch::for_sequence(0, pos, &[tok], true),
+                std::slice::from_mut(&mut cache),
+            )
+            .unwrap();
+        tok = argmax(&out.logits);
+        got.push(tok);
+    }
+    assert_eq!(
+        got, f.greedy,
+        "{what}: greedy tokens differ from transformers"
+    );
+}
+
+fn check_hidden(model: &Model, dir: &Path, f: &Fixture, tol: f32, what: &str) {
+    let hidden = npy::read(&dir.join("hidden.npy")).unwrap();
+    let h = model.cfg.hidden_size;
+    let p = f.prompt.len();
+    assert_eq!(hidden.shape, vec![model.cfg.n_layers + 1, p, h]);
+    let mut cache = model.new_cache();
+    let out = model
+        .forward_opts(
+            &Batch::for_sequence(0, 0, &f.prompt, false),
+            std::slice::from_mut(&mut cache),
+            true,
+        )
+        .unwrap();
+    assert_eq!(out.hidden.len(), model.cfg.n_layers + 1);
+    for (l, got) in out.hidden.iter().enumerate() {
+        let (d, at) = max_diff(got, &hidden.data[l * p * h..(l + 1) * p * h]);
+        assert!(
+            d <= tol,
+            "{what}: hidden state {l} differs by {d} (> {tol}) at pos {} dim {}",
+            at / h,
+            at % h
+        );
+    }
+}
+
+/// The f32 checkpoint: logits 1e-4, hidden states, greedy tokens, decode == prefill.
+fn f32_dir(name: &str) {
+    let dir = fixtures().join(name);
+    let f = load_fixture(&dir);
+    let model = Model::load(&dir).unwrap();
+    let what = format!("{name} (safetensors f32)");
+    check_hidden(&model, &dir, &f, 1e-4, &what);
+    check_prefill(&model, &f, &f.logits, 1e-4, &what);
+    check_decode(&model, &f, &f.logits, 1e-4, &what);
+    check_greedy(&model, &f, &what);
+}
+
+/// f16/bf16 checkpoints: the reference ran transformers on the same half-precision weights
+/// upcast to f32, exactly what lone does, so the f32 bar applies.
+fn half_dir(name: &str, sub: &str) {
+    let dir = fixtures().join(name);
+    let f = load_fixture(&dir);
+    let reference = npy::read(&dir.join(sub).join("logits.npy")).unwrap();
+    let model = Model::load(&dir.join(sub)).unwrap();
+    let what = format!("{name} (safetensors {sub})");
+    check_prefill(&model, &f, &reference, 1e-4, &what);
+    check_decode(&model, &f, &reference, 1e-4, &what);
+}
+
+/// GGUF files written by llama.cpp's converter. f32: the f32 bar. f16/bf16: llama.cpp keeps
+/// norms in f32 where the HF half copy rounded them, so compare against the f32 reference
+/// within the rounding of the weights (measured: see tolerances below). Quantized: loose
+/// bound on the logits, plus decode == prefill.
+fn gguf(name: &str, kind: &str, tol: f32) {
+    let dir = fixtures().join(name);
+    let f = load_fixture(&dir);
+    let path = dir.join(format!("model-{kind}.gguf"));
+    let model = Model::load(&path).unwrap();
+    let what = format!("{name} (GGUF {kind})");
+    check_prefill(&model, &f, &f.logits, tol, &what);
+    check_decode(&model, &f, &f.logits, tol, &what);
+    if kind == "f32" {
+        check_greedy(&model, &f, &what);
+    }
+}
+
+macro_rules! family {
+    ($m:ident, $name:literal, ggufs: [$($kind:ident = $tol:expr),*]) => {
+        mod $m {
+            #[test]
+            fn safetensors_f32() { super::f32_dir($name) }
+            #[test]
+            fn safetensors_f16() { super::half_dir($name, "f16") }
+            #[test]
+            fn safetensors_bf16() { super::half_dir($name, "bf16") }
+            $(
+                #[test]
+                fn $kind() { super::gguf($name, stringify!($kind), $tol) }
+            )*
+        }
+    };
+}
+
+// GGUF tolerances (max |Δlogit| vs the f32 reference, logits of magnitude ~3.5): f16 weights
+// carry a relative rounding of 2^-11, bf16 2^-8, Q8_0 ~2^-8 per block, Q4 ~2^-4.
+family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1, q4_0 = 1.0, q4_k = 1.0]);
+family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
+family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
+family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
+family!(lfm2_b, "lfm2_b", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
+family!(lfm3, "lfm3", ggufs: []);

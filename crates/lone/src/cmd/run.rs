@@ -1,0 +1,156 @@
+//! `lone run`: generate from a prompt, raw or chat-templated, streaming.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lone_core::generate::{generate, GenerateOptions};
+use lone_core::sampler::{Sampler, SamplingParams};
+
+use super::common;
+use crate::cmd::text::TextIo;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// HF checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the setup step).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(long, short, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids (no template, no special tokens added).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message (with --chat).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    #[arg(long, short = 'n', default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    #[arg(long, short)]
+    pub threads: Option<usize>,
+    /// Print one JSON object (token ids, text, stats) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write f32 logits [positions, vocab] to this .npy file: one row per prompt position,
+    /// then one per generated token that was fed back.
+    #[arg(long)]
+    pub dump_logits: Option<PathBuf>,
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    if a.prompt.is_none() && a.prompt_ids.is_none() {
+        bail!("give a prompt with --prompt TEXT or --prompt-ids 1,2,3");
+    }
+    let path = common::resolve_model(a.model.as_deref())?;
+    let model = common::load_model(&path, a.threads)?;
+    let text = TextIo::load(&model, &path)?;
+    let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(p)) if a.chat => text.chat_prompt(a.system.as_deref(), p)?,
+        (None, Some(p)) => text.encode_raw(p)?,
+        (None, None) => unreachable!(),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        seed: a.seed,
+        ..Default::default()
+    };
+    params
+        .validate(model.cfg.vocab_size)
+        .context("bad sampling option")?;
+    let mut sampler = Sampler::new(params);
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        eos_ids: text.eos_ids(&model),
+        ignore_eos: a.ignore_eos,
+        keep_logits: a.dump_logits.is_some(),
+    };
+    let mut cache = model.new_cache();
+    let mut stream = text.stream();
+    let mut out = std::io::stdout().lock();
+    let json = a.json;
+    let g = generate(&model, &mut cache, &prompt, &opts, &mut sampler, |tok| {
+        if !json {
+            if let Some(piece) = stream.push(tok) {
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+            }
+        }
+        true
+    })?;
+    if let Some(p) = &a.dump_logits {
+        let v = model.cfg.vocab_size;
+        lone_core::npy::write_f32(p, &[g.logits.len() / v, v], &g.logits)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let generated_text = text.decode(&g.tokens)?;
+    let rss = common::peak_rss_bytes();
+    if json {
+        let obj = serde_json::json!({
+            "model": path.display().to_string(),
+            "prompt_ids": prompt,
+            "generated_ids": g.tokens,
+            "text": generated_text,
+            "finish_reason": g.finish.as_str(),
+            "stats": {
+                "prompt_tokens": g.prompt_tokens,
+                "generated_tokens": g.tokens.len(),
+                "prefill_seconds": g.prefill_time.as_secs_f64(),
+                "prefill_tokens_per_second": g.prefill_tok_s(),
+                "decode_seconds": g.decode_time.as_secs_f64(),
+                "decode_tokens_per_second": g.decode_tok_s(),
+                "peak_rss_bytes": rss,
+                "threads": lone_core::kernels::threads(),
+            }
+        });
+        writeln!(out, "{obj}")?;
+    } else {
+        if let Some(rest) = stream.finish() {
+            out.write_all(rest.as_bytes())?;
+        }
+        writeln!(out)?;
+        eprintln!(
+            "[prefill {} tok, {:.1} tok/s | decode {} tok, {:.1} tok/s | {} | peak RSS {:.1} MiB]",
+            g.prompt_tokens,
+            g.prefill_tok_s(),
+            g.tokens.len(),
+            g.decode_tok_s(),
+            g.finish.as_str(),
+            rss as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(())
+}
