@@ -1,14 +1,88 @@
-//! Block formats: dequantization and dot products, one scalar reference per format.
-//! (Being written; see the quant helper's task.)
+//! Block formats: dequantization, dot products and (activation) quantization.
+//!
+//! Every format is stored exactly as llama.cpp's ggml lays it out (`ggml-common.h`), little
+//! endian. The functions here are the entry points the rest of lone calls; today they forward to
+//! [`reference`], the portable scalar implementation. Faster kernels (SIMD, integer dot
+//! products) will be added behind the same functions later and tested against [`reference`].
+//!
+//! Lengths are always given by the f32 side (`dst.len()`, `x.len()`, `src.len()`): the element
+//! count must be a whole number of blocks, and the byte side must hold exactly
+//! [`row_bytes`]`(dtype, n)` bytes. Anything else is an [`QuantError`], never a panic, so the
+//! functions are safe to call on data read from untrusted files.
+//!
+//! Bit-exactness: [`dequantize_row`] reproduces ggml's `dequantize_row_*` exactly (same f32
+//! operations in the same order, no fused multiply-add), and [`quantize_row`] reproduces
+//! ggml's `quantize_row_*_ref` byte for byte. [`dot_row`] is only specified up to f32
+//! rounding of the accumulation (see its documentation).
+
+mod float;
+mod kquants;
+mod legacy;
+pub mod reference;
 
 use crate::tensor::DType;
 
-/// Dequantize `dst.len()` elements stored as `dtype` in `src`.
-pub fn dequantize_row(_dtype: DType, _src: &[u8], _dst: &mut [f32]) {
-    unimplemented!()
+/// Why a row could not be (de)quantized.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// The element count is not a whole number of blocks of the format.
+    #[error("{dtype}: {n} elements is not a whole number of {}-element blocks", dtype.block_size())]
+    NotBlockMultiple { dtype: DType, n: usize },
+    /// The stored (byte) side does not hold exactly the bytes `n` elements need.
+    #[error("{dtype}: {n} elements take {expected} bytes, got {got}")]
+    ByteLen {
+        dtype: DType,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
+    /// lone cannot quantize f32 data to this format (K-quant weight formats, for now).
+    #[error("quantizing to {0} is not supported")]
+    QuantizeUnsupported(DType),
 }
 
-/// Dot product of one stored row with an f32 vector of the same length.
-pub fn dot_row(_dtype: DType, _w: &[u8], _x: &[f32]) -> f32 {
-    unimplemented!()
+impl From<QuantError> for crate::Error {
+    fn from(e: QuantError) -> Self {
+        crate::Error::Msg(e.to_string())
+    }
+}
+
+/// Bytes one row of `n` elements takes in `dtype`, or None if `n` is not a whole number of
+/// blocks.
+pub fn row_bytes(dtype: DType, n: usize) -> Option<usize> {
+    dtype.bytes_for(n)
+}
+
+/// Whether [`quantize_row`] can produce `dtype`.
+pub fn can_quantize(dtype: DType) -> bool {
+    reference::can_quantize(dtype)
+}
+
+/// Dequantize `dst.len()` elements stored as `dtype` in `src` (exactly
+/// `row_bytes(dtype, dst.len())` bytes). Bit-exact with ggml's `dequantize_row_*`.
+///
+/// Q8_1's `s` field and Q8_K's `bsums` are not needed to dequantize and are ignored.
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    reference::dequantize_row(dtype, src, dst)
+}
+
+/// Dot product of one stored row `w` (exactly `row_bytes(dtype, x.len())` bytes) with the f32
+/// vector `x`.
+///
+/// The result equals the exact dot product of the dequantized row with `x` up to f32
+/// rounding of the accumulation: implementations may sum in any order, so callers must not
+/// expect bit-identical results across kernels. The error is bounded by about
+/// `x.len() * f32::EPSILON / 2 * Σ|w_i x_i|`.
+pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    reference::dot_row(dtype, w, x)
+}
+
+/// Quantize `src.len()` f32 values into `dst` (exactly `row_bytes(dtype, src.len())` bytes),
+/// byte-exact with ggml's `quantize_row_*_ref`.
+///
+/// Supported: F32, F16, BF16 (round to nearest even, like ggml's converters), Q4_0, Q4_1,
+/// Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K. The K-quant weight formats (Q2_K..Q6_K) return
+/// [`QuantError::QuantizeUnsupported`].
+pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    reference::quantize_row(dtype, src, dst)
 }

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Generate the quantization fixtures that crates/lone-core/tests/quant_formats.rs checks.
+
+The expected values come from outside lone's Rust code:
+
+* gguf-py (`gguf.quants`, numpy) quantizes F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 and
+  dequantizes every format it knows (all of the above plus Q2_K..Q6_K).
+* Q8_1 and Q8_K are not in gguf-py (they are ggml's activation formats); this script has its
+  own numpy ports of ggml's `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref` and of the
+  obvious dequantization `q * d`.
+* gguf-py cannot quantize the K-quants, so their blocks are random bytes with the f16 scale
+  fields replaced by finite values (every other bit pattern is a valid block).
+
+Optionally (`--check-ggml LLAMA_CPP_SRC`), the script compiles ggml's own ggml-quants.c
+(with -ffp-contract=off, i.e. no fused multiply-add) and asserts that the C reference agrees
+with every fixture: dequantization bit for bit, quantization byte for byte. That is a check of
+the fixtures, not needed to produce them.
+
+Each case is one little-endian binary file `<case>.bin`, sections described in
+`manifest.json` as [byte offset, byte length]:
+
+  src    f32[rows*n]  input of the quantizer (only when `quantize` is true)
+  blocks u8           the stored rows (what the quantizer produced, or random blocks)
+  deq    f32[rows*n]  expected dequantization
+  x      f32[n]       activations for the dot products
+  dots   f64[rows]    sum(deq[r] * x) in float64
+  mags   f64[rows]    sum(|deq[r] * x|) in float64 (scales the dot tolerance)
+
+Run from anywhere: `python3 tests/reference/quant/generate.py [--check-ggml DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+OUT = Path(__file__).resolve().parent
+QK_K = 256
+
+# name -> (ggml type id, block size, bytes per block). Written out here rather than taken
+# from gguf.constants: the gguf 0.19.0 wheel on PyPI still lists Q8_1 as 40 bytes (its old
+# f32 layout); ggml's block_q8_1 is 36 bytes (two halves + 32 quants).
+FORMATS = {
+    "F32": (0, 1, 4),
+    "F16": (1, 1, 2),
+    "BF16": (30, 1, 2),
+    "Q4_0": (2, 32, 18),
+    "Q4_1": (3, 32, 20),
+    "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34),
+    "Q8_1": (9, 32, 36),
+    "Q2_K": (10, 256, 84),
+    "Q3_K": (11, 256, 110),
+    "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210),
+    "Q8_K": (15, 256, 292),
+}
+
+GGUF_PY_QUANTIZE = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+# Where each K-quant keeps its f16 super-block scales (byte offsets).
+K_SCALE_FIELDS = {
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
+
+
+# ------------------------------------------------------------------ numpy ports (Q8_1, Q8_K)
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q8_1_ref: d = amax/127, q = roundf(x/d), s = f16(sum(q)*d)."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    out = []
+    for b in blocks:
+        amax = np.float32(np.abs(b).max())
+        d = np.float32(amax / np.float32(127))
+        idv = np.float32(0) if d == 0 else np.float32(np.float32(1) / d)
+        q = quants.np_roundf(b * idv).astype(np.int8)  # round half away from zero
+        s = np.float32(np.float32(int(q.astype(np.int32).sum())) * d)
+        out.append(
+            np.concatenate(
+                [
+                    np.array([d], np.float16).view(np.uint8),
+                    np.array([s], np.float16).view(np.uint8),
+                    q.view(np.uint8),
+                ]
+            )
+        )
+    return np.concatenate(out)
+
+
+def dequantize_q8_1(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 36)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    q = blocks[:, 4:].copy().view(np.int8).astype(np.float32)
+    return (q * d).reshape(-1)
+
+
+def quantize_q8_k(x: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q8_K_ref: the largest-magnitude element maps to -127, nearest_int
+    rounds half to even, bsums are sums of 16 quants. (ggml leaves bsums uninitialized for an
+    all-zero block; they are zero here.)"""
+    blocks = x.reshape(-1, QK_K).astype(np.float32)
+    out = []
+    for b in blocks:
+        a = np.abs(b)
+        i = int(np.argmax(a))  # first index of the maximum, like ggml's strict `>`
+        if a[i] == 0:
+            out.append(np.zeros(292, np.uint8))
+            continue
+        iscale = np.float32(np.float32(-127) / b[i])
+        v = (iscale * b).astype(np.float32)
+        q = np.minimum(np.rint(v), 127).astype(np.int8)  # rint: ties to even, like nearest_int
+        bsums = q.astype(np.int32).reshape(16, 16).sum(axis=1).astype(np.int16)
+        d = np.float32(np.float32(1) / iscale)
+        out.append(
+            np.concatenate(
+                [
+                    np.array([d], np.float32).view(np.uint8),
+                    q.view(np.uint8),
+                    bsums.view(np.uint8),
+                ]
+            )
+        )
+    return np.concatenate(out)
+
+
+def dequantize_q8_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 292)
+    d = blocks[:, 0:4].copy().view(np.float32)
+    q = blocks[:, 4:260].copy().view(np.int8).astype(np.float32)
+    return (d * q).reshape(-1)
+
+
+# ------------------------------------------------------------------ data
+
+
+def activation_like(rng: np.random.Generator, rows: int, n: int, block: int) -> np.ndarray:
+    """Normal data with per-row scales spanning a few decades, plus edge-case blocks."""
+    scale = 10.0 ** rng.uniform(-3, 1, size=(rows, 1))
+    x = (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    blk = max(block, 32)
+    # An all-zero block (scale 0 paths).
+    x[0, :blk] = 0
+    if rows > 1:
+        # A block whose extremes are +a and -a: ggml picks the first one.
+        x[1, :blk] = rng.uniform(-1, 1, blk).astype(np.float32)
+        x[1, 3], x[1, 9] = -2.0, 2.0
+    if rows > 2 and n >= 2 * blk:
+        # Halfway cases: amax 127 makes Q8 scales exactly 1, so x.5 values test the rounding
+        # rule (roundf away from zero for Q8_0/Q8_1, ties to even for Q8_K).
+        h = np.zeros(blk, np.float32)
+        h[:8] = [127, 2.5, -3.5, 0.5, -0.5, 1.5, -126.5, 64.5]
+        h[8:] = rng.integers(-126, 127, blk - 8) + 0.5
+        x[2, blk : 2 * blk] = h
+        # Q4/Q5 halfway cases: max = -8 (resp. -16) makes d = 1.
+        if rows > 3:
+            h = rng.integers(-8, 8, blk).astype(np.float32) + 0.5
+            h[0] = -8
+            x[3, blk : 2 * blk] = h
+    return x
+
+
+def random_kquant_blocks(rng: np.random.Generator, name: str, nblocks: int) -> np.ndarray:
+    _, _, bb = FORMATS[name]
+    raw = rng.integers(0, 256, size=(nblocks, bb), dtype=np.uint8)
+    for off in K_SCALE_FIELDS[name]:
+        v = (rng.uniform(1e-4, 2e-2, nblocks) * rng.choice([-1, 1], nblocks)).astype(np.float16)
+        raw[:, off : off + 2] = v.view(np.uint8).reshape(nblocks, 2)
+    return raw.reshape(-1)
+
+
+def dequantize(name: str, raw: np.ndarray, rows: int, n: int) -> np.ndarray:
+    if name == "Q8_1":
+        return dequantize_q8_1(raw).reshape(rows, n)
+    if name == "Q8_K":
+        return dequantize_q8_k(raw).reshape(rows, n)
+    return quants.dequantize(raw.reshape(rows, -1), T[name]).astype(np.float32).reshape(rows, n)
+
+
+def quantize(name: str, src: np.ndarray) -> np.ndarray:
+    if name == "Q8_1":
+        return quantize_q8_1(src)
+    if name == "Q8_K":
+        return quantize_q8_k(src)
+    return quants.quantize(src, T[name]).view(np.uint8).reshape(-1)
+
+
+def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
+    _, bs, bb = FORMATS[name]
+    assert n % bs == 0
+    case = {"type": name, "rows": rows, "n": n}
+    sections: dict[str, bytes] = {}
+    if name == "F32":
+        src = activation_like(rng, rows, n, bs)
+        raw = src.reshape(-1).view(np.uint8)
+        case["source"] = "f32 bytes"
+        case["quantize"] = True
+    elif name in K_SCALE_FIELDS:
+        src = None
+        raw = random_kquant_blocks(rng, name, rows * n // bs)
+        case["source"] = "random blocks, finite f16 scales; dequantized by gguf-py"
+        case["quantize"] = False
+    else:
+        src = activation_like(rng, rows, n, bs)
+        if name in ("F16", "BF16"):
+            # Values that exercise the float conversions: signed zero, subnormals,
+            # overflow to inf, exact ties.
+            special = [0.0, -0.0, 6e-8, -3e-5, 65504.0, 65520.0, 1e30, 1.00390625, 1.01171875]
+            src[0, : len(special)] = special
+        with np.errstate(over="ignore"):  # 65520 and 1e30 overflow f16 on purpose
+            raw = quantize(name, src)
+        origin = "gguf-py" if name in GGUF_PY_QUANTIZE else "numpy port of ggml C"
+        case["source"] = f"quantized by {origin}; dequantized by {origin}"
+        case["quantize"] = True
+    assert raw.size == rows * n // bs * bb, (name, raw.size)
+    deq = dequantize(name, raw, rows, n)
+    x = rng.standard_normal(n).astype(np.float32)
+    prod = deq.astype(np.float64) * x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = prod.sum(axis=1)
+        mags = np.abs(prod).sum(axis=1)
+    if src is not None:
+        sections["src"] = src.astype("<f4").tobytes()
+    sections["blocks"] = raw.tobytes()
+    sections["deq"] = deq.astype("<f4").tobytes()
+    sections["x"] = x.astype("<f4").tobytes()
+    sections["dots"] = dots.astype("<f8").tobytes()
+    sections["mags"] = mags.astype("<f8").tobytes()
+    blob = b""
+    for key, data in sections.items():
+        case[key] = [len(blob), len(data)]
+        blob += data
+    case["file"] = f"{name.lower()}_{rows}x{n}.bin"
+    case["_blob"] = blob
+    case["_arrays"] = (src, raw, deq)
+    return case
+
+
+# ------------------------------------------------------------------ optional ggml C check
+
+STUBS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+void ggml_abort(const char * file, int line, const char * fmt, ...) {
+    fprintf(stderr, "ggml_abort %s:%d\n", file, line); abort();
+}
+size_t ggml_row_size(int type, long long n) { (void)type; (void)n; abort(); }
+const char * ggml_type_name(int type) { (void)type; return "?"; }
+size_t ggml_type_size(int type) { (void)type; abort(); }
+"""
+
+
+def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:
+    ggml = src_dir / "ggml"
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = Path(tmp) / "stubs.c"
+        stub.write_text(STUBS)
+        lib = Path(tmp) / "libggmlq.so"
+        subprocess.run(
+            ["cc", "-O2", "-ffp-contract=off", "-shared", "-fPIC",
+             "-I", str(ggml / "include"), "-I", str(ggml / "src"),
+             str(ggml / "src" / "ggml-quants.c"), str(stub), "-lm", "-o", str(lib)],
+            check=True,
+        )
+        c = ctypes.CDLL(str(lib))
+        checked = 0
+        for case in cases:
+            name = case["type"]
+            src, raw, deq = case["_arrays"]
+            rows, n = case["rows"], case["n"]
+            if name in ("F32", "F16", "BF16"):
+                continue  # plain conversions; not in ggml-quants.c
+            lname = name.lower().replace("_k", "_K")  # ggml spells it dequantize_row_q4_K
+            k = rows * n
+            raw_c = np.ascontiguousarray(raw, dtype=np.uint8)
+            if name != "Q8_1":  # ggml has no dequantize_row_q8_1
+                out = np.empty(k, np.float32)
+                getattr(c, f"dequantize_row_{lname}")(
+                    raw_c.ctypes.data_as(ctypes.c_void_p),
+                    out.ctypes.data_as(ctypes.c_void_p),
+                    ctypes.c_int64(k),
+                )
+                a = out.view(np.uint32)
+                b = deq.reshape(-1).astype(np.float32).view(np.uint32)
+                assert np.array_equal(a, b), f"{case['file']}: ggml dequantization differs"
+                checked += 1
+            if case["quantize"] and name != "F32":
+                x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
+                out = np.zeros(raw.size, np.uint8)
+                getattr(c, f"quantize_row_{lname}_ref")(
+                    x.ctypes.data_as(ctypes.c_void_p),
+                    out.ctypes.data_as(ctypes.c_void_p),
+                    ctypes.c_int64(k),
+                )
+                if name == "Q8_K":
+                    # ggml leaves bsums of an all-zero block uninitialized: compare the rest.
+                    blocks = raw.reshape(-1, 292)
+                    zero = np.all(blocks[:, :260] == 0, axis=1)
+                    out.reshape(-1, 292)[zero, 260:] = 0
+                assert np.array_equal(out, raw), f"{case['file']}: ggml quantization differs"
+                checked += 1
+        print(f"ggml C reference agrees on {checked} checks", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check-ggml", type=Path, metavar="LLAMA_CPP_SRC",
+                    help="also compile ggml-quants.c from this llama.cpp checkout and compare")
+    args = ap.parse_args()
+
+    rng = np.random.default_rng(0x10E)
+    cases = []
+    for name, (_, bs, _) in FORMATS.items():
+        if bs == 1:
+            shapes = [(3, 97), (5, 64)]
+        elif bs == 32:
+            shapes = [(3, 96), (5, 160)]
+        else:
+            shapes = [(3, 256), (5, 512)]
+        for rows, n in shapes:
+            cases.append(make_case(rng, name, rows, n))
+
+    for old in OUT.glob("*.bin"):
+        old.unlink()
+    manifest = []
+    for case in cases:
+        (OUT / case["file"]).write_bytes(case["_blob"])
+        manifest.append({k: v for k, v in case.items() if not k.startswith("_")})
+    lines = ",\n  ".join(json.dumps(c) for c in manifest)
+    (OUT / "manifest.json").write_text('{"cases": [\n  ' + lines + "\n]}\n")
+    total = sum(len(c["_blob"]) for c in cases)
+    print(f"wrote {len(cases)} cases, {total} bytes", file=sys.stderr)
+
+    if args.check_ggml:
+        check_with_ggml(args.check_ggml, cases)
+
+
+if __name__ == "__main__":
+    main()
