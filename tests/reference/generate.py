@@ -33,7 +33,7 @@ head_dim 16 unless stated) for six fixtures:
 * ``llama``  -- SmolLM2-like (tied embeddings, GQA); intermediate 256 so that
   the ffn_down rows can take a real K-quant.
 
-Weights are random (std 0.1), every norm weight is ``1 + 0.3*randn`` and every
+Weights are random (std 0.1; qwen3's tied embedding 0.03), every norm weight is ``1 + 0.3*randn`` and every
 bias ``0.1*randn`` (std 0.3 for the short-conv kernels) so that greedy decoding
 does not collapse to one repeated token.
 
@@ -194,7 +194,7 @@ def make_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def randomize_(model, seed: int) -> None:
+def randomize_(model, seed: int, embed_std: float = 0.1) -> None:
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -206,6 +206,8 @@ def randomize_(model, seed: int) -> None:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "conv.conv" in name:
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(embed_std * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
 
@@ -385,7 +387,7 @@ def build(name: str):
         model = Qwen2ForCausalLM(cfg)
         expected_ffn = 64
     elif name == "qwen3":
-        cfg = Qwen3Config(**common, num_hidden_layers=2, intermediate_size=64, head_dim=32, tie_word_embeddings=False,
+        cfg = Qwen3Config(**common, num_hidden_layers=2, intermediate_size=64, head_dim=32, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
         model = Qwen3ForCausalLM(cfg)
         expected_ffn = 64
@@ -401,7 +403,10 @@ def build(name: str):
     return model, hub, prompt, expected_ffn
 
 
-SEEDS = {"lfm2_a": 11, "lfm2_b": 12, "lfm3": 13, "qwen2": 14, "qwen3": 19, "llama": 17}
+SEEDS = {"lfm2_a": 11, "lfm2_b": 23, "lfm3": 13, "qwen2": 20, "qwen3": 20, "llama": 17}
+# Tied 2-layer qwen3 repeats its last token under greedy decoding unless the
+# (tied) embedding is small relative to the layer outputs.
+EMBED_STD = {"qwen3": 0.03}
 ALL = list(SEEDS)
 GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
 
@@ -440,7 +445,7 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
     out.mkdir(parents=True)
 
     model, hub, prompt_text, expected_ffn = build(name)
-    randomize_(model, SEEDS[name])
+    randomize_(model, SEEDS[name], EMBED_STD.get(name, 0.1))
     assert ffn_width(model) == expected_ffn, (ffn_width(model), expected_ffn)
 
     tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -537,6 +542,8 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
                      "numpy": np.__version__, "safetensors": safetensors.__version__,
                      "tokenizers": tokenizers.__version__},
         "seed": SEEDS[name],
+        "init": {"weights_std": 0.1, "embed_std": EMBED_STD.get(name, 0.1), "conv_kernel_std": 0.3,
+                 "norm_weights": "1 + 0.3*randn", "biases": "0.1*randn"},
     }
     if name == "lfm2_a":
         meta["ffn_width_rule"] = "int(2*60/3)=40 -> int(1.5*40)=60 -> 16*ceil(60/16)=64"

@@ -44,7 +44,8 @@ pub fn matmul(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 let r = r0 + ri;
                 let row = &data[r * rb..(r + 1) * rb];
                 for (t, d) in dst.iter_mut().enumerate() {
-                    *d = crate::quant::dot_row(dtype, row, &x[t * k..(t + 1) * k]);
+                    *d = crate::quant::dot_row(dtype, row, &x[t * k..(t + 1) * k])
+                    .expect("weight rows are whole blocks (checked at load)");
                 }
             }
         });

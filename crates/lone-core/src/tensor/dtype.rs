@@ -77,7 +77,7 @@ impl DType {
 
     /// Bytes needed for `n` elements, or None if `n` is not a whole number of blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.block_bytes())

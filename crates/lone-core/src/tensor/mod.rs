@@ -96,13 +96,15 @@ impl Tensor {
 
     /// Dequantize row `i` into `out` (length `row_len()`).
     pub fn row_to_f32(&self, i: usize, out: &mut [f32]) {
-        crate::quant::dequantize_row(self.dtype, self.row(i), out);
+        crate::quant::dequantize_row(self.dtype, self.row(i), out)
+            .expect("tensor rows are whole blocks (checked at load)");
     }
 
     /// The whole tensor as f32 (for small tensors: norms, biases, conv taps).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.numel()];
-        crate::quant::dequantize_row(self.dtype, self.data(), &mut out);
+        crate::quant::dequantize_row(self.dtype, self.data(), &mut out)
+            .expect("tensor sizes are whole blocks (checked at load)");
         out
     }
 }
