@@ -16,6 +16,7 @@ pub mod models;
 pub mod nn;
 pub mod npy;
 pub mod quant;
+pub mod sampler;
 pub mod tensor;
 
 pub use error::{Error, Result};
