@@ -59,6 +59,9 @@ pub struct RopeConfig {
     pub theta: f64,
     /// Fraction of head_dim that is rotated (1.0 = all).
     pub partial_rotary_factor: f64,
+    /// transformers' "proportional" RoPE: the first `factor * head_dim / 2` frequencies of a
+    /// full-width table (exponent denominator head_dim), the rest zero (not rotated).
+    pub proportional: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -119,7 +122,11 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 }
 
 /// RoPE theta from `rope_parameters` (5.x; may be nested per layer type) or `rope_theta` (4.x).
-fn rope_theta(v: &Value, layer_type: Option<&str>, default: f64) -> Result<(f64, Option<f64>)> {
+fn rope_theta(
+    v: &Value,
+    layer_type: Option<&str>,
+    default: f64,
+) -> Result<(f64, Option<f64>, bool)> {
     let check_type = |rp: &Value| -> Result<()> {
         if let Some(t) = rp.get("rope_type").and_then(|t| t.as_str()) {
             if t != "default" && t != "proportional" {
@@ -137,13 +144,18 @@ fn rope_theta(v: &Value, layer_type: Option<&str>, default: f64) -> Result<(f64,
         };
         check_type(rp)?;
         if let Some(t) = rp.get("rope_theta").and_then(|x| x.as_f64()) {
-            return Ok((t, rp.get("partial_rotary_factor").and_then(|x| x.as_f64())));
+            let prop = rp.get("rope_type").and_then(|x| x.as_str()) == Some("proportional");
+            return Ok((
+                t,
+                rp.get("partial_rotary_factor").and_then(|x| x.as_f64()),
+                prop,
+            ));
         }
     }
     if let Some(rs) = v.get("rope_scaling").filter(|x| x.is_object()) {
         check_type(rs)?;
     }
-    Ok((get_f64(v, &["rope_theta"]).unwrap_or(default), None))
+    Ok((get_f64(v, &["rope_theta"]).unwrap_or(default), None, false))
 }
 
 impl ModelConfig {
@@ -185,7 +197,12 @@ impl ModelConfig {
         let n_heads = need_usize(v, &["num_attention_heads", "num_heads"])?;
         let n_kv_heads = get_usize(v, &["num_key_value_heads"]).unwrap_or(n_heads);
         let vocab_size = need_usize(v, &["vocab_size"])?;
-        let head_dim = get_usize(v, &["head_dim"]).unwrap_or(hidden_size / n_heads.max(1));
+        let lfm3 = arch == Arch::Lfm3;
+        let head_dim = get_usize(v, &["head_dim"]).unwrap_or(if lfm3 {
+            128
+        } else {
+            hidden_size / n_heads.max(1)
+        });
         let norm_eps =
             get_f64(v, &["rms_norm_eps", "norm_eps", "block_norm_eps"]).unwrap_or(1e-6) as f32;
         let max_pos = get_usize(v, &["max_position_embeddings"]).unwrap_or(4096);
@@ -255,16 +272,42 @@ impl ModelConfig {
             }
         }
 
-        let (theta, prf) = rope_theta(v, Some("full_attention"), 10000.0)?;
-        let (theta_s, prf_s) = rope_theta(v, Some("sliding_attention"), theta)?;
-        let top_prf = get_f64(v, &["partial_rotary_factor"]);
-        let rope = RopeConfig {
-            theta,
-            partial_rotary_factor: prf.or(top_prf).unwrap_or(1.0),
-        };
-        let rope_sliding = RopeConfig {
-            theta: theta_s,
-            partial_rotary_factor: prf_s.unwrap_or(1.0),
+        let has_rope = v.get("rope_parameters").is_some_and(|x| x.is_object())
+            || v.get("rope_theta").is_some();
+        let (rope, rope_sliding) = if arch == Arch::Lfm3 && !has_rope {
+            // Lfm3Config's defaults.
+            (
+                RopeConfig {
+                    theta: 1e6,
+                    partial_rotary_factor: 0.5,
+                    proportional: true,
+                },
+                RopeConfig {
+                    theta: 1e4,
+                    partial_rotary_factor: 1.0,
+                    proportional: false,
+                },
+            )
+        } else {
+            let default_theta = match arch {
+                Arch::Lfm2 | Arch::Lfm3 | Arch::Qwen2 | Arch::Qwen3 => 1e6,
+                Arch::Llama => 1e4,
+            };
+            let (theta, prf, prop) = rope_theta(v, Some("full_attention"), default_theta)?;
+            let (theta_s, prf_s, prop_s) = rope_theta(v, Some("sliding_attention"), theta)?;
+            let top_prf = get_f64(v, &["partial_rotary_factor"]);
+            (
+                RopeConfig {
+                    theta,
+                    partial_rotary_factor: prf.or(top_prf).unwrap_or(1.0),
+                    proportional: prop,
+                },
+                RopeConfig {
+                    theta: theta_s,
+                    partial_rotary_factor: prf_s.unwrap_or(1.0),
+                    proportional: prop_s,
+                },
+            )
         };
 
         let mut eos = ids(v.get("eos_token_id"));
@@ -283,7 +326,11 @@ impl ModelConfig {
             rope_sliding,
             tie_embeddings: tie,
             layer_kinds,
-            conv_kernel: get_usize(v, &["conv_L_cache", "conv_kernel_size"]).unwrap_or(3),
+            conv_kernel: get_usize(v, &["conv_L_cache", "conv_kernel_size"]).unwrap_or(if lfm3 {
+                7
+            } else {
+                3
+            }),
             conv_bias: v
                 .get("conv_bias")
                 .and_then(|x| x.as_bool())
@@ -296,7 +343,7 @@ impl ModelConfig {
                     .unwrap_or(false),
             },
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Lfm2 | Arch::Lfm3),
-            sliding_window: get_usize(v, &["sliding_window"]).unwrap_or(0),
+            sliding_window: get_usize(v, &["sliding_window"]).unwrap_or(if lfm3 { 256 } else { 0 }),
             max_position_embeddings: max_pos,
             bos_token_id: ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: eos,
@@ -417,6 +464,7 @@ impl ModelConfig {
         let rope = RopeConfig {
             theta,
             partial_rotary_factor: 1.0,
+            proportional: false,
         };
         Ok(ModelConfig {
             arch,

@@ -209,9 +209,9 @@ macro_rules! family {
 
 // GGUF tolerances (max |Δlogit| vs the f32 reference, logits of magnitude ~3.5): f16 weights
 // carry a relative rounding of 2^-11, bf16 2^-8, Q8_0 ~2^-8 per block, Q4 ~2^-4.
-family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1, q4_0 = 1.0, q4_k = 1.0]);
-family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
-family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
-family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
-family!(lfm2_b, "lfm2_b", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.1, q8_0 = 0.1]);
+family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4, q4_0 = 2.0, q4_k = 2.0]);
+family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
+family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
+family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
+family!(lfm2_b, "lfm2_b", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm3, "lfm3", ggufs: []);

@@ -45,7 +45,7 @@ pub fn matmul(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 let row = &data[r * rb..(r + 1) * rb];
                 for (t, d) in dst.iter_mut().enumerate() {
                     *d = crate::quant::dot_row(dtype, row, &x[t * k..(t + 1) * k])
-                    .expect("weight rows are whole blocks (checked at load)");
+                        .expect("weight rows are whole blocks (checked at load)");
                 }
             }
         });
@@ -113,6 +113,15 @@ impl Rope {
             })
             .collect();
         Rope { rot_dim, inv_freq }
+    }
+
+    /// transformers' "proportional" RoPE: pairs (i, i + head_dim/2) over the whole head, the
+    /// first `angles` frequencies `theta^(-2i/head_dim)`, the rest zero (left unrotated).
+    pub fn proportional(head_dim: usize, angles: usize, theta: f64) -> Rope {
+        let mut r = Rope::new(2 * angles, head_dim, theta);
+        r.inv_freq.resize(head_dim / 2, 0.0);
+        r.rot_dim = head_dim;
+        r
     }
 
     /// Rotate the first `rot_dim` dims of each `head_dim`-wide head in `x` at position `pos`.

@@ -70,6 +70,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                         norm_eps: cfg.norm_eps,
                         rope: Rope::new(cfg.head_dim, cfg.head_dim, cfg.rope.theta),
                         window: None,
+                        gate: None,
                     },
                 )?),
             };

@@ -51,6 +51,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                 norm_eps: cfg.norm_eps,
                 rope: Rope::new(rot, rot, cfg.rope.theta),
                 window: None,
+                gate: None,
             };
             Ok(Box::new(DecoderLayer {
                 input_layernorm: RmsNorm::load(

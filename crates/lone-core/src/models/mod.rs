@@ -5,6 +5,7 @@
 //! decoder layers from named weights and reads like its transformers modeling file.
 
 pub mod lfm2;
+pub mod lfm3;
 pub mod llama;
 
 use std::path::Path;
@@ -110,9 +111,7 @@ impl Model {
         let layers = match cfg.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::layers(&cfg, &ws)?,
             Arch::Lfm2 => lfm2::layers(&cfg, &ws)?,
-            Arch::Lfm3 => {
-                return Err(Error::Unsupported("lfm3 is not implemented yet".into()));
-            }
+            Arch::Lfm3 => lfm3::layers(&cfg, &ws)?,
         };
         let (embed_name, norm_name) = match cfg.arch {
             Arch::Lfm2 | Arch::Lfm3 => ("model.embed_tokens.weight", "model.embedding_norm"),

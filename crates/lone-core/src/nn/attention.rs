@@ -25,6 +25,8 @@ pub struct AttentionSpec<'a> {
     pub rope: Rope,
     /// Keys visible to position i: i - window < j <= i.
     pub window: Option<usize>,
+    /// Per-head sigmoid output gate module name (LFM3's `g_proj`), if any.
+    pub gate: Option<&'a str>,
 }
 
 pub struct Attention {
@@ -39,6 +41,8 @@ pub struct Attention {
     pub head_dim: usize,
     pub rope: Rope,
     pub window: Option<usize>,
+    /// `[n_heads, hidden]`: each head's output is scaled by sigmoid(gate · x).
+    pub gate: Option<Linear>,
 }
 
 impl Attention {
@@ -74,6 +78,16 @@ impl Attention {
             head_dim: s.head_dim,
             rope: s.rope.clone(),
             window: s.window,
+            gate: match s.gate {
+                Some(g) => Some(Linear::load(
+                    ws,
+                    &format!("{p}.{g}"),
+                    s.hidden,
+                    s.n_heads,
+                    false,
+                )?),
+                None => None,
+            },
         })
     }
 
@@ -136,6 +150,15 @@ impl Attention {
                     );
                 });
             start = end;
+        }
+        if let Some(g) = &self.gate {
+            let gates = g.forward(x, n);
+            for (row, gr) in ctx.chunks_mut(qd).zip(gates.chunks(self.n_heads)) {
+                for (head, &gv) in row.chunks_mut(hd).zip(gr) {
+                    let s = 1.0 / (1.0 + (-gv).exp());
+                    head.iter_mut().for_each(|v| *v *= s);
+                }
+            }
         }
         ctx
     }
