@@ -5,5 +5,6 @@ pub mod error;
 pub mod loader;
 pub mod quant;
 pub mod tensor;
+pub mod tokenizer;
 
 pub use error::{Error, Result};
