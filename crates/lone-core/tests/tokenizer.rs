@@ -12,7 +12,9 @@ fn reference() -> PathBuf {
 }
 
 fn load_expected(name: &str) -> Value {
-    let p = reference().join("expected").join(format!("encode_{name}.json"));
+    let p = reference()
+        .join("expected")
+        .join(format!("encode_{name}.json"));
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 
@@ -39,7 +41,10 @@ fn check_model(name: &str) -> Tokenizer {
             failures.push(format!("{text:?}: ids {plain:?} != {:?}", c["ids"]));
         }
         if special != ids(&c["ids_with_special"]) {
-            failures.push(format!("{text:?}: ids+special {special:?} != {:?}", c["ids_with_special"]));
+            failures.push(format!(
+                "{text:?}: ids+special {special:?} != {:?}",
+                c["ids_with_special"]
+            ));
         }
         let want = ids(&c["ids_with_special"]);
         let dec = tok.decode(&want, false).unwrap();

@@ -84,12 +84,18 @@ fn llama_bpe_gguf_vectors() {
 }
 
 fn expected(name: &str) -> Value {
-    let p = reference().join("expected").join(format!("encode_{name}.json"));
+    let p = reference()
+        .join("expected")
+        .join(format!("encode_{name}.json"));
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// The Qwen2 GGUF vocabulary (Qwen1.5 era) is the same BPE as Qwen2.5's tokenizer.json.
@@ -101,8 +107,15 @@ fn qwen2_gguf_equals_qwen25_tokenizer_json() {
     for c in exp["cases"].as_array().unwrap() {
         let text = c["text"].as_str().unwrap();
         assert_eq!(tok.encode(text, false).unwrap(), ids(&c["ids"]), "{text:?}");
-        assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids_with_special"]), "{text:?}");
-        assert_eq!(tok.decode(&ids(&c["ids"]), false).unwrap(), tok.decode(&ids(&c["ids"]), false).unwrap());
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            ids(&c["ids_with_special"]),
+            "{text:?}"
+        );
+        assert_eq!(
+            tok.decode(&ids(&c["ids"]), false).unwrap(),
+            tok.decode(&ids(&c["ids"]), false).unwrap()
+        );
         assert_eq!(
             tok.decode(&ids(&c["ids_with_special"]), false).unwrap(),
             c["decoded"].as_str().unwrap(),
@@ -124,7 +137,11 @@ fn vocab_from_tokenizer_json(path: &str, pre: &str, bos: Option<u32>, eos: u32) 
         .collect();
     for a in j["added_tokens"].as_array().unwrap() {
         let id = a["id"].as_u64().unwrap() as u32;
-        let ty = if a["special"].as_bool().unwrap() { TOKEN_TYPE_CONTROL } else { TOKEN_TYPE_USER_DEFINED };
+        let ty = if a["special"].as_bool().unwrap() {
+            TOKEN_TYPE_CONTROL
+        } else {
+            TOKEN_TYPE_USER_DEFINED
+        };
         entries.retain(|e| e.0 != id);
         entries.push((id, a["content"].as_str().unwrap().to_string(), ty));
     }
@@ -170,10 +187,22 @@ fn lfm2_gguf_vocab_equals_tokenizer_json() {
     for c in exp["cases"].as_array().unwrap() {
         let text = c["text"].as_str().unwrap();
         assert_eq!(tok.encode(text, false).unwrap(), ids(&c["ids"]), "{text:?}");
-        assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids_with_special"]), "{text:?}");
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            ids(&c["ids_with_special"]),
+            "{text:?}"
+        );
         let w = ids(&c["ids_with_special"]);
-        assert_eq!(tok.decode(&w, false).unwrap(), c["decoded"].as_str().unwrap(), "{text:?}");
-        assert_eq!(tok.decode(&w, true).unwrap(), c["decoded_skip_special"].as_str().unwrap(), "{text:?}");
+        assert_eq!(
+            tok.decode(&w, false).unwrap(),
+            c["decoded"].as_str().unwrap(),
+            "{text:?}"
+        );
+        assert_eq!(
+            tok.decode(&w, true).unwrap(),
+            c["decoded_skip_special"].as_str().unwrap(),
+            "{text:?}"
+        );
     }
 }
 

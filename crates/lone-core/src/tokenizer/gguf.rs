@@ -85,7 +85,9 @@ impl GgufVocab {
             .meta("tokenizer.ggml.model")
             .and_then(MetaValue::as_str)
             .ok_or_else(|| {
-                Error::Tokenizer("GGUF file has no 'tokenizer.ggml.model' (no embedded tokenizer)".into())
+                Error::Tokenizer(
+                    "GGUF file has no 'tokenizer.ggml.model' (no embedded tokenizer)".into(),
+                )
             })?
             .to_string();
         let tokens = string_array(gguf, "tokenizer.ggml.tokens")?
@@ -244,9 +246,9 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
     }
     let mut merges = Vec::with_capacity(v.merges.len());
     for (i, m) in v.merges.iter().enumerate() {
-        let (a, b) = m.split_once(' ').ok_or_else(|| {
-            Error::Tokenizer(format!("GGUF merge {i} '{m}' is not 'left right'"))
-        })?;
+        let (a, b) = m
+            .split_once(' ')
+            .ok_or_else(|| Error::Tokenizer(format!("GGUF merge {i} '{m}' is not 'left right'")))?;
         merges.push(json!([a, b]));
     }
 
@@ -260,17 +262,20 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
     let name = |id: Option<u32>| id.and_then(|i| v.tokens.get(i as usize).cloned());
     let add_bos = v.add_bos.unwrap_or(pre.default_add_bos) && v.bos_id.is_some();
     let add_eos = v.add_eos.unwrap_or(false) && v.eos_id.is_some();
-    let byte_level_pp =
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let byte_level_pp = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
     let post_processor = if add_bos || add_eos {
         let mut single = Vec::new();
         let mut special_tokens = Map::new();
         let mut push_special = |id: Option<u32>, single: &mut Vec<Json>| -> Result<()> {
             let id = id.ok_or_else(|| Error::Tokenizer("missing special token id".into()))?;
-            let tok = name(Some(id))
-                .ok_or_else(|| Error::Tokenizer(format!("special token id {id} is out of range")))?;
+            let tok = name(Some(id)).ok_or_else(|| {
+                Error::Tokenizer(format!("special token id {id} is out of range"))
+            })?;
             single.push(json!({"SpecialToken": {"id": tok, "type_id": 0}}));
-            special_tokens.insert(tok.clone(), json!({"id": tok, "ids": [id], "tokens": [tok]}));
+            special_tokens.insert(
+                tok.clone(),
+                json!({"id": tok, "ids": [id], "tokens": [tok]}),
+            );
             Ok(())
         };
         if add_bos {

@@ -253,7 +253,10 @@ impl Tokenizer {
     /// Encodes text. `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS).
     /// Special/added tokens written in the text (`<|im_start|>`) are always recognised, as in HF.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(tok_err)?;
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tok_err)?;
         Ok(enc.get_ids().to_vec())
     }
 

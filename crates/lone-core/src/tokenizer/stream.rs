@@ -41,7 +41,9 @@ impl<'a> StreamDecoder<'a> {
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.tok.check_ids(&[id])?;
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        let text = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         if text.len() <= self.read_text.len()
             || !text.starts_with(&self.read_text)
             || text.ends_with(REPLACEMENT)
@@ -52,7 +54,9 @@ impl<'a> StreamDecoder<'a> {
         // Slide the window: the tokens just emitted become the context for the next ones.
         self.prefix = self.read;
         self.read = self.ids.len();
-        self.read_text = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        self.read_text = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         Ok(Some(piece))
     }
 
@@ -62,7 +66,9 @@ impl<'a> StreamDecoder<'a> {
         if self.read == self.ids.len() {
             return Ok(None);
         }
-        let text = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        let text = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         let start = if text.starts_with(&self.read_text) {
             self.read_text.len()
         } else {
@@ -70,7 +76,9 @@ impl<'a> StreamDecoder<'a> {
         };
         self.prefix = self.read;
         self.read = self.ids.len();
-        self.read_text = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        self.read_text = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         let piece = text[start..].to_string();
         Ok((!piece.is_empty()).then_some(piece))
     }
