@@ -18,6 +18,7 @@ pub mod npy;
 pub mod quant;
 pub mod sampler;
 pub mod tensor;
+pub mod text;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -52,6 +52,7 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Current resident set size in bytes (Linux; 0 elsewhere).
+#[allow(dead_code)] // used by chat/serve stats
 pub fn rss_bytes() -> u64 {
     proc_status_kb("VmRSS:") * 1024
 }

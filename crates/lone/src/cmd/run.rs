@@ -9,7 +9,7 @@ use lone_core::generate::{generate, GenerateOptions};
 use lone_core::sampler::{Sampler, SamplingParams};
 
 use super::common;
-use crate::cmd::text::TextIo;
+use lone_core::text::TextIo;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -67,7 +67,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let path = common::resolve_model(a.model.as_deref())?;
     let model = common::load_model(&path, a.threads)?;
-    let text = TextIo::load(&model, &path)?;
+    let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(p)) if a.chat => text.chat_prompt(a.system.as_deref(), p)?,
@@ -94,7 +94,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut sampler = Sampler::new(params);
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        eos_ids: text.eos_ids(&model),
+        eos_ids: text.eos_ids.clone(),
         ignore_eos: a.ignore_eos,
         keep_logits: a.dump_logits.is_some(),
     };
@@ -104,7 +104,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let json = a.json;
     let g = generate(&model, &mut cache, &prompt, &opts, &mut sampler, |tok| {
         if !json {
-            if let Some(piece) = stream.push(tok) {
+            if let Ok(Some(piece)) = stream.push(tok) {
                 let _ = out.write_all(piece.as_bytes());
                 let _ = out.flush();
             }
@@ -138,7 +138,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         });
         writeln!(out, "{obj}")?;
     } else {
-        if let Some(rest) = stream.finish() {
+        if let Some(rest) = stream.finish()? {
             out.write_all(rest.as_bytes())?;
         }
         writeln!(out)?;
