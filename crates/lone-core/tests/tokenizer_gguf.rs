@@ -58,6 +58,20 @@ fn check_vectors(name: &str) -> Tokenizer {
         if &got != want {
             failures.push(format!("{text:?}: {got:?} != {want:?}"));
         }
+        // streaming decode of the (BOS-prefixed) ids equals the full decode
+        let ids = tok.encode(text, true).unwrap();
+        for skip in [false, true] {
+            let mut sd = tok.stream_decoder(skip);
+            let mut acc = String::new();
+            for &id in &ids {
+                acc.extend(sd.push(id).unwrap());
+            }
+            acc.extend(sd.finish().unwrap());
+            let full = tok.decode(&ids, skip).unwrap();
+            if acc != full {
+                failures.push(format!("{text:?}: stream {acc:?} != {full:?}"));
+            }
+        }
     }
     assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n"));
     tok
@@ -81,6 +95,16 @@ fn llama_bpe_gguf_vectors() {
     let ids = tok.encode("Hello", true).unwrap();
     assert_eq!(ids[0], 128000);
     assert_eq!(tok.decode(&ids, true).unwrap(), "Hello");
+}
+
+#[test]
+fn llama_spm_gguf_vectors() {
+    let tok = check_vectors("ggml-vocab-llama-spm.gguf");
+    assert_eq!(tok.bos_id(), Some(1));
+    assert!(tok.add_bos_token());
+    let ids = tok.encode("Hello world", true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "Hello world");
 }
 
 fn expected(name: &str) -> Value {
@@ -209,9 +233,9 @@ fn lfm2_gguf_vocab_equals_tokenizer_json() {
 #[test]
 fn unsupported_gguf_tokenizers_are_clear_errors() {
     let mut v = vocab_from_tokenizer_json("assets/lfm2/tokenizer.json", "lfm2", Some(1), 7);
-    v.model = "llama".into();
+    v.model = "bert".into();
     let e = Tokenizer::from_gguf_vocab(&v).unwrap_err().to_string();
-    assert!(e.contains("'llama'") && e.contains("gpt2"), "{e}");
+    assert!(e.contains("'bert'") && e.contains("gpt2"), "{e}");
     v.model = "gpt2".into();
     v.pre = Some("no-such-pre".into());
     let e = Tokenizer::from_gguf_vocab(&v).unwrap_err().to_string();

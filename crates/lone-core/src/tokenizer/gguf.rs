@@ -4,7 +4,9 @@
 //! `tokenizer.ggml.pre` names the pre-tokenizer (a fixed set of split regexes in llama.cpp's
 //! `llama-vocab.cpp`), and each token has a type (NORMAL=1, UNKNOWN=2, CONTROL=3,
 //! USER_DEFINED=4, UNUSED=5, BYTE=6). We translate this to the `tokenizer.json` that the
-//! original Hugging Face model shipped, so that encoding matches transformers.
+//! original Hugging Face model shipped, so that encoding matches transformers. Supported:
+//! `gpt2` (byte-level BPE; pre-tokenizers listed in [`SUPPORTED_PRE`]) and `llama`
+//! (SentencePiece BPE with byte fallback, merges rebuilt from the scores as transformers does).
 
 use serde_json::{json, Map, Value as Json};
 
@@ -30,8 +32,12 @@ pub struct GgufVocab {
     pub tokens: Vec<String>,
     /// `tokenizer.ggml.token_type` (empty: all NORMAL).
     pub token_types: Vec<i32>,
-    /// `tokenizer.ggml.merges`, "left right" strings in rank order.
+    /// `tokenizer.ggml.merges`, "left right" strings in rank order (gpt2).
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores` (llama/SentencePiece: merge priorities).
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix` (llama/SentencePiece; default true).
+    pub add_space_prefix: Option<bool>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     pub eot_id: Option<u32>,
@@ -106,6 +112,15 @@ impl GgufVocab {
                 .collect::<Result<Vec<_>>>()?,
         };
         let merges = string_array(gguf, "tokenizer.ggml.merges")?.unwrap_or_default();
+        let scores = match gguf.meta("tokenizer.ggml.scores") {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .ok_or_else(|| meta_err("tokenizer.ggml.scores", "is not an array"))?
+                .iter()
+                .map(|x| x.as_f64().map(|f| f as f32).unwrap_or(0.0))
+                .collect(),
+        };
         let flag = |key: &str| gguf.meta(key).and_then(MetaValue::as_bool);
         Ok(GgufVocab {
             model,
@@ -116,6 +131,8 @@ impl GgufVocab {
             tokens,
             token_types,
             merges,
+            scores,
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix"),
             bos_id: id_key(gguf, "tokenizer.ggml.bos_token_id")?,
             eos_id: id_key(gguf, "tokenizer.ggml.eos_token_id")?,
             eot_id: id_key(gguf, "tokenizer.ggml.eot_token_id")?,
@@ -163,7 +180,7 @@ struct PreConfig {
     default_add_bos: bool,
 }
 
-const SUPPORTED_PRE: &str = "qwen2 (deepseek-r1-qwen, megrez, stablelm2), qwen35, \
+pub const SUPPORTED_PRE: &str = "qwen2 (deepseek-r1-qwen, megrez, stablelm2), qwen35, \
     llama3/llama-bpe (llama-v3, falcon3, pixtral, dbrx, smaug-bpe), lfm2, \
     smollm (starcoder, refact, codeshell), gpt-2 (mpt, olmo, phi-2), default";
 
@@ -200,9 +217,10 @@ fn pre_config(pre: Option<&str>) -> Result<PreConfig> {
 
 /// Builds the `tokenizers` pipeline for a GGUF vocabulary.
 pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
-    if v.model != "gpt2" {
+    if v.model != "gpt2" && v.model != "llama" {
         return Err(Error::Tokenizer(format!(
-            "unsupported GGUF tokenizer model '{}'; supported: gpt2 (byte-level BPE)",
+            "unsupported GGUF tokenizer model '{}'; supported: gpt2 (byte-level BPE), \
+             llama (SentencePiece BPE with byte fallback)",
             v.model
         )));
     }
@@ -219,7 +237,18 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
             v.token_types.len()
         )));
     }
-    let pre = pre_config(v.pre.as_deref())?;
+    let spm = v.model == "llama";
+    let pre = if spm {
+        // SentencePiece: no pre-tokenizer regexes; BOS by default
+        PreConfig {
+            regexes: Vec::new(),
+            nfc: false,
+            ignore_merges: false,
+            default_add_bos: true,
+        }
+    } else {
+        pre_config(v.pre.as_deref())?
+    };
 
     // Every token goes into the BPE vocabulary (so added tokens keep their GGUF ids);
     // CONTROL/UNKNOWN become special added tokens, USER_DEFINED non-special ones, which HF
@@ -245,6 +274,11 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
         }));
     }
     let mut merges = Vec::with_capacity(v.merges.len());
+    if spm {
+        for (a, b) in spm_merges(&v.tokens, &v.scores) {
+            merges.push(json!([a, b]));
+        }
+    }
     for (i, m) in v.merges.iter().enumerate() {
         let (a, b) = m
             .split_once(' ')
@@ -298,7 +332,35 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
         byte_level_pp
     };
 
-    let spec = json!({
+    let spec = if spm {
+        let mut norm = Vec::new();
+        if v.add_space_prefix.unwrap_or(true) {
+            norm.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        }
+        norm.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+        let unk = name(v.unk_id);
+        json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": norm},
+            "pre_tokenizer": null,
+            "post_processor": post_processor,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": usize::from(v.add_space_prefix.unwrap_or(true)), "stop": 0}
+            ]},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                "ignore_merges": false, "vocab": vocab, "merges": merges,
+            },
+        })
+    } else {
+        json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -312,7 +374,8 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
             "ignore_merges": pre.ignore_merges, "vocab": vocab, "merges": merges,
         },
-    });
+        })
+    };
     let bytes = serde_json::to_vec(&spec).map_err(|e| Error::Tokenizer(e.to_string()))?;
     let inner = tokenizers::Tokenizer::from_bytes(bytes)
         .map_err(|e| Error::Tokenizer(format!("cannot build tokenizer from GGUF: {e}")))?;
@@ -337,6 +400,51 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
     tok.set_special(special, add_bos);
     tok.set_chat_template(v.chat_template.clone());
     Ok(tok)
+}
+
+/// BPE merges for a SentencePiece vocabulary, as transformers' `generate_merges`: every split
+/// of a piece into two pieces of the vocabulary (ties by the parts' ids), ordered by the merged
+/// piece's score, highest first (then longer left, longer right part), or by its id when there
+/// are no scores.
+fn spm_merges<'a>(tokens: &'a [String], scores: &[f32]) -> Vec<(&'a str, &'a str)> {
+    let mut ids: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        ids.entry(t.as_str()).or_insert(i);
+    }
+    let use_scores = scores.len() == tokens.len();
+    // (priority: lower sorts first, left len, right len, left, right)
+    let mut merges: Vec<(f64, usize, usize, &str, &str)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if ids.get(piece.as_str()) != Some(&id) {
+            continue;
+        }
+        let mut local = Vec::new();
+        for (split, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(split);
+            if let (Some(&il), Some(&ir)) = (ids.get(l), ids.get(r)) {
+                local.push((il, ir, l, r));
+            }
+        }
+        local.sort_by_key(|x| (x.0, x.1));
+        for (_, _, l, r) in local {
+            let (ll, rl) = (l.chars().count(), r.chars().count());
+            merges.push(if use_scores {
+                (
+                    -f64::from(scores[id]),
+                    usize::MAX - ll,
+                    usize::MAX - rl,
+                    l,
+                    r,
+                )
+            } else {
+                (id as f64, ll, rl, l, r)
+            });
+        }
+    }
+    // stable: equal keys keep vocabulary order, as Python's sorted() does
+    merges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    merges.into_iter().map(|m| (m.3, m.4)).collect()
 }
 
 #[cfg(test)]
