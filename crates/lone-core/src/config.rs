@@ -503,13 +503,13 @@ impl ModelConfig {
         {
             return bad(format!("model config has a zero size: {self:?}"));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 || self.head_dim > 512 {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > 512 {
             return bad(format!(
                 "head_dim {} must be even and at most 512",
                 self.head_dim

@@ -68,7 +68,7 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
 /// GGUF row `h*hd + 2i + j` holds HF row `h*hd + j*hd/2 + i`.
 fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
     let rows = t.n_rows();
-    if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return Err(Error::Config(format!(
             "cannot undo Q/K permutation: {rows} rows, {n_head} heads"
         )));

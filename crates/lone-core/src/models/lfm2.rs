@@ -13,12 +13,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::Result;
 use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Mlp, RmsNorm, Row, ShortConv};
-
-pub enum Operator {
-    Conv(ShortConv),
-    Attention(Attention),
-}
+use crate::nn::{Attention, AttentionSpec, Mlp, Operator, RmsNorm, Row, ShortConv};
 
 pub struct Lfm2Layer {
     operator_norm: RmsNorm,
@@ -30,10 +25,7 @@ pub struct Lfm2Layer {
 impl Layer for Lfm2Layer {
     fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
         let h = self.operator_norm.apply(x);
-        let a = match &self.operator {
-            Operator::Conv(c) => c.forward(&h, rows, caches, layer),
-            Operator::Attention(at) => at.forward(&h, rows, caches, layer),
-        };
+        let a = self.operator.forward(&h, rows, caches, layer);
         add_inplace(x, &a);
         let h = self.ffn_norm.apply(x);
         let m = self.feed_forward.forward(&h, rows.len());
@@ -49,14 +41,14 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
         .map(|(i, kind)| {
             let p = format!("model.layers.{i}");
             let operator = match kind {
-                LayerKind::Conv => Operator::Conv(ShortConv::load(
+                LayerKind::Conv => Operator::Conv(Box::new(ShortConv::load(
                     ws,
                     &format!("{p}.conv"),
                     d,
                     cfg.conv_kernel,
                     cfg.conv_bias,
-                )?),
-                _ => Operator::Attention(Attention::load(
+                )?)),
+                _ => Operator::Attention(Box::new(Attention::load(
                     ws,
                     &AttentionSpec {
                         prefix: &format!("{p}.self_attn"),
@@ -72,7 +64,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                         window: None,
                         gate: None,
                     },
-                )?),
+                )?)),
             };
             Ok(Box::new(Lfm2Layer {
                 operator_norm: RmsNorm::load(ws, &format!("{p}.operator_norm"), d, cfg.norm_eps)?,

@@ -14,12 +14,7 @@ use crate::config::{LayerKind, ModelConfig, RopeConfig};
 use crate::error::Result;
 use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Mlp, RmsNorm, Row, ShortConv};
-
-pub enum Operator {
-    Conv(ShortConv),
-    Attention(Attention),
-}
+use crate::nn::{Attention, AttentionSpec, Mlp, Operator, RmsNorm, Row, ShortConv};
 
 pub struct Lfm3Layer {
     operator_norm: RmsNorm,
@@ -33,10 +28,7 @@ pub struct Lfm3Layer {
 impl Layer for Lfm3Layer {
     fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
         let h = self.operator_norm.apply(x);
-        let mut a = match &self.operator {
-            Operator::Conv(c) => c.forward(&h, rows, caches, layer),
-            Operator::Attention(at) => at.forward(&h, rows, caches, layer),
-        };
+        let mut a = self.operator.forward(&h, rows, caches, layer);
         if let Some(n) = &self.post_operator_norm {
             n.forward(&mut a);
         }
@@ -74,13 +66,13 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
         .map(|(i, kind)| {
             let p = format!("model.layers.{i}");
             let operator = match kind {
-                LayerKind::Conv => Operator::Conv(ShortConv::load(
+                LayerKind::Conv => Operator::Conv(Box::new(ShortConv::load(
                     ws,
                     &format!("{p}.conv"),
                     d,
                     cfg.conv_kernel,
                     cfg.conv_bias,
-                )?),
+                )?)),
                 LayerKind::Attention | LayerKind::SlidingAttention => {
                     let sliding = *kind == LayerKind::SlidingAttention;
                     let rope = if sliding {
@@ -97,7 +89,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                     } else {
                         "gate_proj"
                     };
-                    Operator::Attention(Attention::load(
+                    Operator::Attention(Box::new(Attention::load(
                         ws,
                         &AttentionSpec {
                             prefix: &format!("{p}.self_attn"),
@@ -113,7 +105,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                             window: sliding.then_some(cfg.sliding_window),
                             gate: gate.then_some(gate_name),
                         },
-                    )?)
+                    )?))
                 }
             };
             let post = |name: &str| -> Result<Option<RmsNorm>> {

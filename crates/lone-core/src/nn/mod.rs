@@ -119,6 +119,27 @@ impl Embedding {
     }
 }
 
+/// The sequence-mixing operator of a hybrid (LFM) layer.
+pub enum Operator {
+    Conv(Box<ShortConv>),
+    Attention(Box<Attention>),
+}
+
+impl Operator {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        rows: &[Row],
+        caches: &mut [crate::cache::SeqCache],
+        layer: usize,
+    ) -> Vec<f32> {
+        match self {
+            Operator::Conv(c) => c.forward(x, rows, caches, layer),
+            Operator::Attention(a) => a.forward(x, rows, caches, layer),
+        }
+    }
+}
+
 /// SwiGLU feed-forward: `down(silu(gate x) * up x)`.
 pub struct Mlp {
     pub gate: Linear,
