@@ -1,0 +1,458 @@
+//! `lone run` end to end on the reference fixtures, and every bad input the engine issue names:
+//! each must give a clear message and a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn lone() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lone"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/reference/fixtures")
+        .join(name)
+}
+
+fn read_ids(p: &Path) -> Vec<u32> {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn ids_arg(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Run and expect failure: exit code 1 or 2, a message containing `needle`, no panic.
+fn expect_error(out: Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(
+        matches!(out.status.code(), Some(1) | Some(2)),
+        "exit code {:?}; stderr: {stderr}",
+        out.status.code()
+    );
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = lone().arg("run").args(args).arg("--json").output().unwrap();
+    assert!(
+        out.status.success(),
+        "lone run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn greedy_json_matches_transformers() {
+    // The fixture's greedy tokens come from transformers (tests/reference/generate.py).
+    for name in ["llama", "lfm2_a", "lfm3"] {
+        let dir = fixture(name);
+        let prompt = read_ids(&dir.join("prompt_ids.json"));
+        let greedy = read_ids(&dir.join("greedy.json"));
+        let v = run_json(&[
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &ids_arg(&prompt),
+            "-n",
+            &greedy.len().to_string(),
+            "--ignore-eos",
+        ]);
+        let got: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
+        assert_eq!(got, greedy, "{name}");
+        assert_eq!(v["finish_reason"], "length");
+        assert_eq!(v["stats"]["prompt_tokens"], prompt.len());
+        assert!(v["stats"]["peak_rss_bytes"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn dump_logits_matches_transformers() {
+    let dir = fixture("qwen2");
+    let prompt = read_ids(&dir.join("prompt_ids.json"));
+    let greedy = read_ids(&dir.join("greedy.json"));
+    let tmp = tempfile::tempdir().unwrap();
+    let npy = tmp.path().join("logits.npy");
+    let n = 6;
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &ids_arg(&prompt),
+            "-n",
+            &n.to_string(),
+        ])
+        .args(["--ignore-eos", "--dump-logits", npy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = lone_core::npy::read(&npy).unwrap();
+    let reference = lone_core::npy::read(&dir.join("logits.npy")).unwrap();
+    let v = reference.shape[1];
+    // One row per prompt position, then one per generated token fed back (n - 1).
+    let rows = prompt.len() + n - 1;
+    assert_eq!(got.shape, vec![rows, v]);
+    let worst = got
+        .data
+        .iter()
+        .zip(&reference.data[..rows * v])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst < 1e-4,
+        "dumped logits differ from transformers by {worst}"
+    );
+    let _ = greedy;
+}
+
+#[test]
+fn same_seed_same_sample() {
+    let dir = fixture("lfm2_b");
+    let args = |seed: &str| {
+        run_json(&[
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "1,5,9,33",
+            "-n",
+            "16",
+            "--ignore-eos",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+        ])["generated_ids"]
+            .clone()
+    };
+    let a = args("7");
+    assert_eq!(a, args("7"));
+    assert_ne!(
+        a,
+        args("8"),
+        "different seeds gave identical 16-token samples"
+    );
+}
+
+#[test]
+fn missing_model_file() {
+    expect_error(
+        lone()
+            .args(["run", "--model", "/nonexistent/model.gguf", "-p", "hi"])
+            .output()
+            .unwrap(),
+        "/nonexistent/model.gguf",
+    );
+}
+
+#[test]
+fn missing_prompt() {
+    expect_error(
+        lone()
+            .args(["run", "--model", fixture("llama").to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "--prompt",
+    );
+}
+
+#[test]
+fn truncated_gguf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(fixture("llama").join("model-f32.gguf")).unwrap();
+    for cut in [bytes.len() / 2, 100, 10, 3] {
+        let p = tmp.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let out = lone()
+            .args(["run", "--model", p.to_str().unwrap(), "--prompt-ids", "1,2"])
+            .output()
+            .unwrap();
+        let needle = if cut < 4 {
+            "not a GGUF file"
+        } else {
+            "truncated"
+        };
+        expect_error(out, needle);
+    }
+}
+
+#[test]
+fn not_a_model_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("junk.gguf");
+    std::fs::write(&p, b"this is not a model at all, just text").unwrap();
+    expect_error(
+        lone()
+            .args(["run", "--model", p.to_str().unwrap(), "-p", "x"])
+            .output()
+            .unwrap(),
+        "not a GGUF file",
+    );
+}
+
+/// A minimal GGUF v3: metadata strings/u32s and tensors of the given ggml type ids.
+fn write_gguf(path: &Path, arch: &str, tensors: &[(&str, Vec<u64>, u32, usize)]) {
+    fn s(out: &mut Vec<u8>, v: &str) {
+        out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        out.extend_from_slice(v.as_bytes());
+    }
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    s(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    s(&mut b, arch);
+    let mut off = 0u64;
+    for (name, dims, ty, nbytes) in tensors {
+        s(&mut b, name);
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&off.to_le_bytes());
+        off += (*nbytes as u64).div_ceil(32) * 32;
+    }
+    while !b.len().is_multiple_of(32) {
+        b.push(0);
+    }
+    b.extend(std::iter::repeat_n(0u8, off as usize));
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn unknown_gguf_architecture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.gguf");
+    write_gguf(
+        &p,
+        "gpt2",
+        &[("token_embd.weight", vec![64, 8], 0, 64 * 8 * 4)],
+    );
+    let out = lone()
+        .args(["run", "--model", p.to_str().unwrap(), "--prompt-ids", "1"])
+        .output()
+        .unwrap();
+    expect_error(out, "architecture 'gpt2' is not supported");
+}
+
+#[test]
+fn unknown_quant_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.gguf");
+    // ggml type 16 = IQ2_XXS (66 bytes per 256 elements).
+    write_gguf(
+        &p,
+        "llama",
+        &[("token_embd.weight", vec![256, 4], 16, 66 * 4)],
+    );
+    let out = lone()
+        .args(["run", "--model", p.to_str().unwrap(), "--prompt-ids", "1"])
+        .output()
+        .unwrap();
+    expect_error(out, "IQ2_XXS which lone does not support");
+}
+
+/// Copy a fixture checkpoint directory (config + weights) to `dst`, editing config.json.
+fn copy_checkpoint(src: &Path, dst: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    std::fs::create_dir_all(dst).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), dst.join(f)).unwrap();
+        }
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+}
+
+#[test]
+fn unknown_model_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
+        c["model_type"] = "bert".into()
+    });
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "model_type 'bert'");
+}
+
+#[test]
+fn wrong_shape_in_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
+        c["intermediate_size"] = 100.into()
+    });
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "has shape");
+}
+
+#[test]
+fn missing_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
+        c["num_hidden_layers"] = 5.into()
+    });
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "missing tensor 'model.layers.2.");
+}
+
+#[test]
+fn missing_weights_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_checkpoint(&fixture("llama"), tmp.path(), |_| {});
+    std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "no model.safetensors");
+}
+
+#[test]
+fn truncated_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_checkpoint(&fixture("llama"), tmp.path(), |_| {});
+    let p = tmp.path().join("model.safetensors");
+    let b = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &b[..b.len() - 1000]).unwrap();
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "truncated or corrupt");
+}
+
+#[test]
+fn token_id_out_of_range() {
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            fixture("llama").to_str().unwrap(),
+            "--prompt-ids",
+            "1,99999",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "token id 99999 is out of range");
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let ids = ids_arg(&vec![5u32; 2100]);
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            fixture("llama").to_str().unwrap(),
+            "--prompt-ids",
+            &ids,
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "but the context holds 2048");
+}
+
+#[test]
+fn bad_sampling_values() {
+    let m = fixture("llama");
+    let base = ["run", "--model", m.to_str().unwrap(), "--prompt-ids", "1"];
+    expect_error(
+        lone().args(base).arg("--temperature=-1").output().unwrap(),
+        "temperature",
+    );
+    expect_error(
+        lone().args(base).args(["--top-p", "1.5"]).output().unwrap(),
+        "top_p",
+    );
+    expect_error(
+        lone().args(base).args(["--threads", "0"]).output().unwrap(),
+        "--threads",
+    );
+    expect_error(
+        lone()
+            .args(base)
+            .args(["--max-new-tokens", "many"])
+            .output()
+            .unwrap(),
+        "invalid value",
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn invalid_utf8_prompt() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            fixture("llama").to_str().unwrap(),
+            "--prompt",
+        ])
+        .arg(bad)
+        .output()
+        .unwrap();
+    expect_error(out, "UTF-8");
+}
