@@ -5,6 +5,8 @@ Run from anywhere:
 
     python tests/reference/generate.py            # regenerate everything
     python tests/reference/generate.py llama qwen3  # only some fixtures
+    python tests/reference/generate.py --gguf-refs-only [name ...]
+        # only (re)compute gguf-<kind>.logits.npy from the existing GGUF files
 
 Everything is written under ``tests/reference/fixtures/<name>/`` and is fully
 deterministic (fixed seeds, CPU, eager attention, float32 math).
@@ -60,6 +62,13 @@ Files per fixture (see README.md next to this script):
   support).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
   (Q4_K_M; tensors whose rows are not a multiple of 256 get llama-quantize's
   fallback types) come from ``llama-quantize`` when the binary exists.
+
+* ``gguf-<kind>.logits.npy`` (one per ``model-<kind>.gguf``) f32 [P+24, vocab]:
+  the exact reference for that GGUF -- every tensor dequantized to f32 by
+  llama.cpp's gguf-py (``gguf.quants.dequantize``, what ggml's dequantize
+  gives), mapped back to its HF name (llama's Q/K row permutation undone),
+  loaded into the f32 transformers model, one full-sequence forward over
+  prompt+greedy (see ``gguf_refs``).  gguf-f32 equals logits.npy exactly.
 
 ``check_numpy.py`` (next to this file) re-implements all six models in plain
 NumPy and checks every logits.npy / hidden.npy against it.
@@ -589,6 +598,94 @@ def run_gguf(name: str, meta: dict) -> None:
             meta["gguf"][fname]["llama_quantize_type"] = qt
 
 
+# ----------------------------------------------------------------------------
+# Exact references for the GGUF files
+# ----------------------------------------------------------------------------
+
+def _import_gguf():
+    sys.path.insert(0, str(LLAMA_CPP_SRC / "gguf-py"))
+    import gguf
+
+    # The PyPI gguf package (0.19) has a stale Q8_1 block size; use llama.cpp's copy.
+    assert Path(gguf.__file__).resolve().is_relative_to(LLAMA_CPP_SRC.resolve()), gguf.__file__
+    return gguf
+
+
+def gguf_hf_name(family: str, gname: str) -> str:
+    """HF state-dict name of a GGUF tensor written by convert_hf_to_gguf.py."""
+    lfm2 = family == "lfm2"
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+           "output_norm.weight": "model.embedding_norm.weight" if lfm2 else "model.norm.weight",
+           "token_embd_norm.weight": "model.embedding_norm.weight"}
+    if gname in top:
+        return top[gname]
+    blk, bid, rest = gname.split(".", 2)
+    assert blk == "blk", gname
+    base, suffix = rest.rsplit(".", 1)
+    if lfm2:
+        table = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+                 "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+                 "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                 "attn_k_norm": "self_attn.k_layernorm", "shortconv.conv": "conv.conv",
+                 "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
+    else:
+        table = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+                 "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+                 "attn_k_norm": "self_attn.k_norm"}
+    table.update({"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj"})
+    return f"model.layers.{bid}.{table[base]}.{suffix}"
+
+
+def gguf_refs(name: str) -> None:
+    """For every ``model-<kind>.gguf`` of a fixture: dequantize all its tensors to f32 (gguf-py,
+    the same values ggml's dequantize gives), load them into the f32 transformers model under
+    their HF names (undoing llama's Q/K row permutation), and save one full-sequence forward over
+    prompt+greedy as ``gguf-<kind>.logits.npy`` -- the exact reference for that GGUF."""
+    import numpy as np
+    import torch
+
+    gguf = _import_gguf()
+    out = FIXTURES / name
+    meta = json.loads((out / "meta.json").read_text())
+    family, tied = meta["family"], meta["tie_word_embeddings"]
+    seq = json.loads((out / "prompt_ids.json").read_text()) + json.loads((out / "greedy.json").read_text())
+    f32_ref = torch.from_numpy(np.load(out / "logits.npy"))
+    base = load(out)
+    if tied:
+        assert base.lm_head.weight is base.model.embed_tokens.weight
+    for path in sorted(out.glob("model-*.gguf")):
+        kind = path.stem.removeprefix("model-")
+        model = copy.deepcopy(base)
+        sd = model.state_dict()
+        todo = set(sd) - ({"lm_head.weight"} if tied else set())
+        types = set()
+        for t in gguf.GGUFReader(str(path)).tensors:
+            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            types.add(t.tensor_type.name)
+            hf = gguf_hf_name(family, t.name)
+            if family == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+                # convert_hf_to_gguf permutes llama's q/k rows so that rope pairs are adjacent:
+                # within a head, GGUF row 2i+j is HF row j*hd/2+i.  Undo it.
+                n_head = meta["n_heads"] if "q_proj" in hf else meta["n_kv_heads"]
+                w = w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+            if hf.endswith("conv.conv.weight"):
+                w = w.unsqueeze(1)  # [H, K] -> [H, 1, K]
+            assert hf in todo, (path.name, t.name, hf)
+            todo.remove(hf)
+            assert sd[hf].shape == w.shape, (t.name, hf, sd[hf].shape, w.shape)
+            with torch.no_grad():
+                sd[hf].copy_(w)
+        assert not todo, (path.name, sorted(todo))
+        logits = full_logits(model, seq)
+        save_np(out / f"gguf-{kind}.logits.npy", logits)
+        d = float((logits - f32_ref).abs().max())
+        print(f"   gguf-{kind}.logits.npy  max|d| vs f32 reference {d:.3g}  ({'/'.join(sorted(types))})", flush=True)
+        if kind == "f32":
+            # sanity check of the name mapping / unpermute: same weights, same model
+            assert d <= 1e-5, d
+
+
 def main(argv: list[str]) -> None:
     if len(argv) >= 1 and argv[0] == "--convert":
         _convert_main(argv[1], [tuple(j) for j in json.loads(argv[2])])
@@ -597,6 +694,11 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     torch.use_deterministic_algorithms(True)
+    if len(argv) >= 1 and argv[0] == "--gguf-refs-only":
+        for name in argv[1:] or GGUF_FIXTURES:
+            print(f"== {name}", flush=True)
+            gguf_refs(name)
+        return
     names = argv or ALL
     import tempfile
 
@@ -613,6 +715,8 @@ def main(argv: list[str]) -> None:
                 meta["gguf"] = None
                 meta["gguf_note"] = "llama.cpp 0c1e570 has no LFM3 support; no GGUF made"
             (FIXTURES / name / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            if meta.get("gguf"):
+                gguf_refs(name)
             print(f"   prompt {meta['prompt_len']} tok, greedy {json.loads((FIXTURES / name / 'greedy.json').read_text())}",
                   flush=True)
     finally:
