@@ -208,3 +208,26 @@ fn several_sequences_in_one_batch() {
         }
     }
 }
+
+#[test]
+fn batch_without_logits_rows() {
+    // A prefill chunk that wants no logits (e.g. the middle of a long prompt) must work.
+    let r = load("llama");
+    let mut cache = r.model.new_cache();
+    let mut b = Batch::for_sequence(0, 0, &r.seq[..5], false);
+    b.logits.iter_mut().for_each(|l| *l = false);
+    let out = r
+        .model
+        .forward(&b, std::slice::from_mut(&mut cache))
+        .unwrap();
+    assert!(out.logits.is_empty());
+    assert_eq!(cache.len(), 5);
+    let out = r
+        .model
+        .forward(
+            &Batch::for_sequence(0, 5, &r.seq[5..6], true),
+            std::slice::from_mut(&mut cache),
+        )
+        .unwrap();
+    assert!(max_diff(&out.logits, &r.logits[5 * r.v..6 * r.v]) < 1e-4);
+}

@@ -204,6 +204,9 @@ impl Model {
             caches[r.seq].advance(&[t]);
         }
         let sel: Vec<usize> = (0..batch.len()).filter(|&i| batch.logits[i]).collect();
+        if sel.is_empty() {
+            return Ok(out);
+        }
         let mut xs = Vec::with_capacity(sel.len() * h);
         for &i in &sel {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
