@@ -434,6 +434,14 @@ impl<'t> Worker<'t> {
         if batch.is_empty() {
             return Ok(());
         }
+        // A step of mid-prompt chunks wants no logits, but `Model::forward` needs at least one
+        // logits row (its lm_head matmul panics on zero rows): ask for one and ignore it.
+        let spare = owners.is_empty();
+        if spare {
+            if let Some(l) = batch.logits.last_mut() {
+                *l = true;
+            }
+        }
         let t0 = Instant::now();
         let out = self.model.forward(&batch, &mut self.caches)?;
         let ns = t0.elapsed().as_nanos() as u64;
@@ -446,6 +454,9 @@ impl<'t> Worker<'t> {
         m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
         m.decode_tokens.fetch_add(n_decode as u64, Relaxed);
         let v = self.model.cfg.vocab_size;
+        if spare {
+            return Ok(());
+        }
         for (k, &slot) in owners.iter().enumerate() {
             self.on_logits(slot, &out.logits[k * v..(k + 1) * v]);
         }
@@ -521,5 +532,397 @@ impl<'t> Worker<'t> {
             completion_tokens: a.generated,
             cached_tokens: a.cached,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/reference/fixtures")
+            .join(name)
+    }
+
+    fn json_ids(name: &str, file: &str) -> Vec<u32> {
+        let s = std::fs::read_to_string(fixture(name).join(file)).unwrap();
+        serde_json::from_str(&s).unwrap()
+    }
+
+    fn start(name: &str, parallel: usize, queue: usize) -> (Engine, Arc<Metrics>) {
+        let path = fixture(name);
+        let model = Model::load(&path).unwrap();
+        let text = Arc::new(TextIo::load(&model, &path).unwrap());
+        let metrics = Arc::new(Metrics::default());
+        let cfg = EngineConfig {
+            parallel,
+            queue,
+            ctx: 2048,
+        };
+        (Engine::start(model, text, cfg, metrics.clone()), metrics)
+    }
+
+    fn greedy(prompt: &[u32], max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt: prompt.to_vec(),
+            max_tokens,
+            params: SamplingParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: true,
+            logprobs: None,
+            index: 0,
+        }
+    }
+
+    #[derive(Debug, Default, PartialEq)]
+    struct Out {
+        tokens: Vec<u32>,
+        text: String,
+        finish: Option<FinishReason>,
+        completion_tokens: usize,
+        cached: usize,
+        logprobs: Vec<TokenOut>,
+    }
+
+    fn collect(rx: &mut UnboundedReceiver<Event>) -> Out {
+        let mut o = Out::default();
+        while let Some(ev) = rx.blocking_recv() {
+            match ev {
+                Event::Delta { text, tokens, .. } => {
+                    o.text.push_str(&text);
+                    o.tokens.extend(tokens.iter().map(|t| t.id));
+                    o.logprobs.extend(tokens);
+                }
+                Event::Done {
+                    finish,
+                    completion_tokens,
+                    cached_tokens,
+                    ..
+                } => {
+                    o.finish = Some(finish);
+                    o.completion_tokens = completion_tokens;
+                    o.cached = cached_tokens;
+                    break;
+                }
+                Event::Error { message, .. } => panic!("engine error: {message}"),
+            }
+        }
+        o
+    }
+
+    fn run_one(e: &Engine, req: GenRequest) -> Out {
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(vec![req], tx).unwrap();
+        collect(&mut rx)
+    }
+
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..500 {
+            if cond() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    #[test]
+    fn greedy_matches_transformers() {
+        for name in ["lfm2_a", "llama", "lfm3"] {
+            let (e, _) = start(name, 2, 4);
+            let want = json_ids(name, "greedy.json");
+            let o = run_one(&e, greedy(&json_ids(name, "prompt_ids.json"), want.len()));
+            assert_eq!(o.tokens, want, "{name}");
+            assert_eq!(o.finish, Some(FinishReason::Length));
+            assert_eq!(o.completion_tokens, want.len());
+        }
+    }
+
+    /// Prompts of several lengths (one longer than a prefill chunk), run alone and then all
+    /// together, some joining while others decode: greedy tokens must be identical.
+    #[test]
+    fn batched_greedy_equals_single() {
+        for name in ["lfm2_a", "lfm3", "llama"] {
+            let p = json_ids(name, "prompt_ids.json");
+            let long: Vec<u32> = (0..PREFILL_BUDGET as u32 + 50)
+                .map(|i| (i * 37 + 11) % 500 + 3)
+                .collect();
+            let prompts: Vec<Vec<u32>> = vec![
+                p.clone(),
+                p[..5].to_vec(),
+                p.iter().rev().copied().collect(),
+                long,
+                vec![p[0]],
+            ];
+            let solo: Vec<Vec<u32>> = {
+                let (e, _) = start(name, 1, 8);
+                prompts
+                    .iter()
+                    .map(|q| {
+                        // A fresh cache each time: no prefix from the previous prompt.
+                        run_one(&e, greedy(q, 16)).tokens
+                    })
+                    .collect()
+            };
+            let (e, m) = start(name, 4, 8);
+            // The first two start together; the rest join while those decode.
+            let mut rxs = Vec::new();
+            for (i, q) in prompts.iter().enumerate() {
+                let (tx, mut rx) = unbounded_channel();
+                let mut r = greedy(q, 16);
+                r.index = i;
+                e.submit(vec![r], tx).unwrap();
+                if i >= 1 {
+                    // Wait for a first token so later prompts are prefilled next to decodes.
+                    if let Some(Event::Delta { tokens, .. }) = rx.blocking_recv() {
+                        rxs.push((i, rx, tokens[0].id));
+                        continue;
+                    }
+                    panic!("no first token");
+                }
+                let first = match rx.blocking_recv() {
+                    Some(Event::Delta { tokens, .. }) => tokens[0].id,
+                    other => panic!("{other:?}"),
+                };
+                rxs.push((i, rx, first));
+            }
+            for (i, mut rx, first) in rxs {
+                let mut got = vec![first];
+                got.extend(collect(&mut rx).tokens);
+                assert_eq!(got, solo[i], "{name}: prompt {i} batched vs alone");
+            }
+            assert!(m.steps.load(Relaxed) > 0);
+        }
+    }
+
+    #[test]
+    fn several_sequences_in_one_submit() {
+        let (e, _) = start("lfm2_a", 4, 8);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let want = json_ids("lfm2_a", "greedy.json");
+        let (tx, mut rx) = unbounded_channel();
+        let reqs = (0..3)
+            .map(|i| GenRequest {
+                index: i,
+                ..greedy(&p, want.len())
+            })
+            .collect();
+        e.submit(reqs, tx).unwrap();
+        let mut got = vec![Vec::new(); 3];
+        let mut done = 0;
+        while done < 3 {
+            match rx.blocking_recv().unwrap() {
+                Event::Delta { index, tokens, .. } => {
+                    got[index].extend(tokens.iter().map(|t| t.id))
+                }
+                Event::Done { .. } => done += 1,
+                Event::Error { message, .. } => panic!("{message}"),
+            }
+        }
+        for g in got {
+            assert_eq!(g, want);
+        }
+    }
+
+    #[test]
+    fn prefix_reuse_only_prefills_the_suffix() {
+        for name in ["lfm2_a", "lfm3"] {
+            let p = json_ids(name, "prompt_ids.json");
+            let (e, m) = start(name, 2, 4);
+            let first = run_one(&e, greedy(&p[..12], 4));
+            assert_eq!(first.cached, 0);
+            let q: Vec<u32> = p.iter().copied().chain([7, 8, 9]).collect();
+            let o = run_one(&e, greedy(&q, 10));
+            assert_eq!(o.cached, 12, "{name}");
+            assert_eq!(m.cached_prompt_tokens.load(Relaxed), 12);
+            let (fresh, _) = start(name, 1, 1);
+            assert_eq!(o.tokens, run_one(&fresh, greedy(&q, 10)).tokens, "{name}");
+            // The same prompt again reuses all but its last token.
+            let again = run_one(&e, greedy(&q, 10));
+            assert_eq!(again.cached, q.len() - 1);
+            assert_eq!(again.tokens, o.tokens);
+        }
+    }
+
+    #[test]
+    fn cancellation_frees_the_slot() {
+        let (e, m) = start("lfm2_a", 1, 4);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(vec![greedy(&p, 1500)], tx).unwrap();
+        for _ in 0..3 {
+            assert!(matches!(rx.blocking_recv(), Some(Event::Delta { .. })));
+        }
+        assert_eq!(m.active_slots.load(Relaxed), 1);
+        drop(rx);
+        wait_for("the slot to be freed", || {
+            m.active_slots.load(Relaxed) == 0 && m.cancelled.load(Relaxed) == 1
+        });
+        assert!(m.generated_tokens.load(Relaxed) < 100);
+        let want = json_ids("lfm2_a", "greedy.json");
+        assert_eq!(run_one(&e, greedy(&p, want.len())).tokens, want);
+    }
+
+    #[test]
+    fn full_queue_is_refused() {
+        let (e, m) = start("lfm2_a", 1, 1);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let (tx_a, mut rx_a) = unbounded_channel();
+        e.submit(vec![greedy(&p, 1500)], tx_a).unwrap();
+        assert!(matches!(rx_a.blocking_recv(), Some(Event::Delta { .. })));
+        let (tx_b, mut rx_b) = unbounded_channel();
+        e.submit(vec![greedy(&p, 4)], tx_b).unwrap();
+        assert_eq!(m.queue_depth.load(Relaxed), 1);
+        let (tx_c, _rx_c) = unbounded_channel();
+        assert_eq!(
+            e.submit(vec![greedy(&p, 4)], tx_c.clone()),
+            Err(SubmitError::QueueFull)
+        );
+        // Two sequences at once never fit in a queue of one.
+        drop(rx_a);
+        let b = collect(&mut rx_b);
+        assert_eq!(b.tokens.len(), 4);
+        wait_for("an idle engine", || m.active_slots.load(Relaxed) == 0);
+        assert_eq!(
+            e.submit(vec![greedy(&p, 1), greedy(&p, 1), greedy(&p, 1)], tx_c),
+            Err(SubmitError::QueueFull)
+        );
+    }
+
+    #[test]
+    fn stop_strings_cut_the_text() {
+        let (e, _) = start("lfm2_a", 2, 4);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let full = run_one(&e, greedy(&p, 24));
+        let chars: Vec<char> = full.text.chars().collect();
+        assert!(chars.len() > 12, "{:?}", full.text);
+        let stop: String = chars[6..9].iter().collect();
+        let cut = full.text.find(&stop).unwrap();
+        let mut r = greedy(&p, 24);
+        r.stop = vec!["never-there".into(), stop.clone()];
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(vec![r], tx).unwrap();
+        let mut streamed = String::new();
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Delta { text, .. } => {
+                    streamed.push_str(&text);
+                    // Nothing at or past the stop string is ever sent.
+                    assert!(full.text[..cut].starts_with(&streamed), "{streamed:?}");
+                }
+                Event::Done {
+                    finish,
+                    completion_tokens,
+                    ..
+                } => {
+                    assert_eq!(finish, FinishReason::Stop);
+                    assert!(completion_tokens < 24);
+                    break;
+                }
+                Event::Error { message, .. } => panic!("{message}"),
+            }
+        }
+        assert_eq!(streamed, full.text[..cut]);
+    }
+
+    #[test]
+    fn eos_max_tokens_and_logprobs() {
+        let (e, _) = start("lfm2_a", 2, 4);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let want = json_ids("lfm2_a", "greedy.json");
+        // Make the 4th greedy token the EOS: generation stops before it.
+        let mut r = greedy(&p, 24);
+        r.ignore_eos = false;
+        r.params.logit_bias = vec![(2, 0.0)];
+        let o = run_one(&e, r);
+        assert_eq!(o.tokens, want, "bias 0 changes nothing");
+        let mut r = greedy(&p, 24);
+        r.ignore_eos = false;
+        r.params.logit_bias = vec![(2, 100.0)];
+        let o = run_one(&e, r);
+        assert_eq!(o.finish, Some(FinishReason::Stop));
+        assert_eq!(o.completion_tokens, 0);
+        assert!(o.tokens.is_empty());
+        let mut r = greedy(&p, 5);
+        r.logprobs = Some(3);
+        let o = run_one(&e, r);
+        assert_eq!(o.finish, Some(FinishReason::Length));
+        assert_eq!(o.tokens, want[..5]);
+        for t in &o.logprobs {
+            assert_eq!(t.top.len(), 3);
+            assert_eq!(t.top[0].0, t.id);
+            assert_eq!(t.top[0].1, t.logprob.unwrap());
+            assert!(t.top[0].1 >= t.top[1].1 && t.top[1].1 >= t.top[2].1);
+            assert!(t.logprob.unwrap() <= 0.0);
+        }
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_batch_independent() {
+        let (e, _) = start("lfm2_a", 3, 4);
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let req = |seed| GenRequest {
+            params: SamplingParams {
+                temperature: 1.0,
+                seed: Some(seed),
+                ..Default::default()
+            },
+            ..greedy(&p, 20)
+        };
+        let a = run_one(&e, req(1));
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(
+            vec![
+                GenRequest { index: 0, ..req(1) },
+                GenRequest { index: 1, ..req(2) },
+            ],
+            tx,
+        )
+        .unwrap();
+        let mut got = vec![Vec::new(); 2];
+        let mut done = 0;
+        while done < 2 {
+            match rx.blocking_recv().unwrap() {
+                Event::Delta { index, tokens, .. } => {
+                    got[index].extend(tokens.iter().map(|t| t.id))
+                }
+                Event::Done { .. } => done += 1,
+                Event::Error { message, .. } => panic!("{message}"),
+            }
+        }
+        assert_eq!(got[0], a.tokens);
+        assert_ne!(got[1], a.tokens);
+    }
+
+    #[test]
+    fn bad_prompts_get_an_error_and_shutdown_ends_everything() {
+        let (e, m) = start("lfm2_a", 1, 4);
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(vec![greedy(&[], 4)], tx).unwrap();
+        assert!(matches!(rx.blocking_recv(), Some(Event::Error { .. })));
+        let p = json_ids("lfm2_a", "prompt_ids.json");
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(vec![greedy(&p, 1500), greedy(&p, 4)], tx.clone())
+            .unwrap();
+        assert!(matches!(rx.blocking_recv(), Some(Event::Delta { .. })));
+        e.shutdown();
+        let mut errors = 0;
+        while let Ok(ev) = rx.try_recv() {
+            if matches!(ev, Event::Error { .. }) {
+                errors += 1;
+            }
+        }
+        assert_eq!(errors, 2, "the running and the queued sequence");
+        assert_eq!(
+            e.submit(vec![greedy(&p, 1)], tx),
+            Err(SubmitError::ShuttingDown)
+        );
+        let _ = m;
     }
 }

@@ -687,9 +687,10 @@ mod tests {
         assert_eq!(byte_level_inverse("\u{120}the").unwrap(), b" the");
         assert_eq!(byte_level_inverse("\u{10a}").unwrap(), b"\n");
         assert_eq!(
-            byte_level_inverse("\u{e2}\u{80}").unwrap(),
+            byte_level_inverse("\u{e2}\u{122}").unwrap(),
             vec![0xe2, 0x80]
         );
+        assert!(byte_level_inverse("\u{80}").is_none());
         assert!(byte_level_inverse("\u{2581}the").is_none());
     }
 
