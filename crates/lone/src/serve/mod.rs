@@ -149,17 +149,26 @@ async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> 
     // Load in the background: /health says "loading" until this is done.
     let st = state.clone();
     let args = a.clone();
-    std::thread::spawn(move || match load(&args, &path, &st.metrics) {
-        Ok(r) => {
-            eprintln!(
-                "lone serve: model ready ({} slots, context {}, queue {})",
-                r.engine.cfg.parallel, r.ctx, r.engine.cfg.queue
-            );
-            let _ = st.ready.set(r);
+    std::thread::spawn(move || {
+        // Test hook: hold the server in the "loading" state for a while.
+        if let Some(ms) = std::env::var("LONE_SERVE_TEST_LOAD_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
         }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
+        match load(&args, &path, &st.metrics) {
+            Ok(r) => {
+                eprintln!(
+                    "lone serve: model ready ({} slots, context {}, queue {})",
+                    r.engine.cfg.parallel, r.ctx, r.engine.cfg.queue
+                );
+                let _ = st.ready.set(r);
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
         }
     });
 

@@ -106,6 +106,19 @@ pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
 /// wrong type is a 400 naming it.
 pub fn fields<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.inner().to_string();
+        if let Some(field) = inner
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("Missing required parameter: '{field}'."),
+            )
+            .param(field)
+            .code("missing_required_parameter");
+        }
         let path = e.path().to_string();
         let param = path.split(['.', '[']).next().unwrap_or("").to_string();
         let param = if param == "?" || param.is_empty() {
