@@ -67,8 +67,8 @@ class Server:
     def client(self, api_key="none", **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
 
-    def post(self, path, **kw) -> httpx.Response:
-        return httpx.post(self.base + path, timeout=120, **kw)
+    def post(self, path, timeout=120, **kw) -> httpx.Response:
+        return httpx.post(self.base + path, timeout=timeout, **kw)
 
     def get(self, path, **kw) -> httpx.Response:
         return httpx.get(self.base + path, timeout=30, **kw)

@@ -334,6 +334,7 @@ def test_body_size_limit_and_unknown_route(tiny):
     big = b'{"prompt": "' + b"a" * (3 << 20) + b'"}'
     assert_error(tiny.post("/v1/completions", content=big), 413)
     assert_error(tiny.post("/v1/nothing-here", json={}), 404)
+    assert_error(tiny.get("/v1/chat/completions"), 405)
 
 
 def test_metrics_format(tiny):
@@ -364,8 +365,9 @@ def test_metrics_format(tiny):
 
 
 def test_api_key():
-    s = Server(TINY, "--api-key", "s3cret")
+    s = Server(TINY, "--api-key", "s3cret", "--alias", "tiny-model")
     try:
+        assert [m.id for m in s.client(api_key="s3cret").models.list().data] == ["tiny-model"]
         with pytest.raises(openai.AuthenticationError):
             s.client().models.list()
         with pytest.raises(openai.AuthenticationError):
@@ -458,6 +460,12 @@ def test_disconnect_mid_stream_frees_the_slot(smol):
     assert smol.metrics()["lone_generated_tokens_total"] - before["lone_generated_tokens_total"] < 100
     r = c.completions.create(model=SMOL.name, prompt="Hello", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
+    # A non-streaming client that gives up is cancelled too.
+    with pytest.raises(httpx.TimeoutException):
+        smol.post("/v1/completions", json={"prompt": "Write a long essay about the sky.", "max_tokens": 300,
+                                           "temperature": 0, "ignore_eos": True}, timeout=1.5)
+    wait_metric(smol, "lone_cancelled_total", lambda v: v == before["lone_cancelled_total"] + 2)
+    wait_metric(smol, "lone_active_slots", lambda v: v == 0)
 
 
 def test_queue_full_gives_503():

@@ -120,7 +120,7 @@ impl Engine {
         text: Arc<TextIo>,
         cfg: EngineConfig,
         metrics: Arc<Metrics>,
-    ) -> Engine {
+    ) -> std::io::Result<Engine> {
         let parallel = cfg.parallel.max(1);
         metrics.slots.store(parallel as u64, Relaxed);
         let shared = Arc::new(Shared {
@@ -150,13 +150,12 @@ impl Engine {
                     admitted: 0,
                 };
                 w.run(&sh);
-            })
-            .expect("spawn engine thread");
-        Engine {
+            })?;
+        Ok(Engine {
             shared,
             thread: Mutex::new(Some(thread)),
             cfg,
-        }
+        })
     }
 
     /// Queue sequences that share one event channel (the `n` choices of a request). Either
@@ -565,7 +564,10 @@ mod tests {
             queue,
             ctx: 2048,
         };
-        (Engine::start(model, text, cfg, metrics.clone()), metrics)
+        (
+            Engine::start(model, text, cfg, metrics.clone()).unwrap(),
+            metrics,
+        )
     }
 
     fn greedy(prompt: &[u32], max_tokens: usize) -> GenRequest {

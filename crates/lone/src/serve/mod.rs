@@ -205,7 +205,8 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         queue: a.queue,
         ctx,
     };
-    let engine = Engine::start(model, text.clone(), cfg, metrics.clone());
+    let engine = Engine::start(model, text.clone(), cfg, metrics.clone())
+        .context("cannot start the engine thread")?;
     Ok(Ready {
         engine,
         text,
@@ -254,6 +255,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -318,6 +320,15 @@ async fn not_found() -> ApiError {
         "Unknown endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
     )
     .code("unknown_url")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "Method not allowed for this endpoint",
+    )
+    .code("method_not_allowed")
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
