@@ -110,6 +110,6 @@ def need_smol():
 def smol():
     """The real SmolLM2-135M-Instruct Q4_1 GGUF."""
     need_smol()
-    s = Server(SMOL, "--parallel", "2", "--ctx", "1024")
+    s = Server(SMOL, "--parallel", "2")
     yield s
     s.stop()

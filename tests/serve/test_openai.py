@@ -200,7 +200,7 @@ def test_n_choices_and_seeds(tiny):
     kw = dict(model="lfm2_a", messages=CHAT, max_tokens=12, temperature=1.0)
     r = c.chat.completions.create(n=2, seed=7, **kw)
     assert [ch.index for ch in r.choices] == [0, 1]
-    assert r.usage.completion_tokens == sum(1 for _ in range(2)) * 12 or r.usage.completion_tokens <= 24
+    assert 0 < r.usage.completion_tokens <= 24
     a, b = (ch.message.content for ch in r.choices)
     assert a != b, "each choice is its own sequence"
     again = c.chat.completions.create(n=2, seed=7, **kw)
@@ -445,7 +445,7 @@ def wait_metric(server, name, pred, timeout=10.0):
 def test_disconnect_mid_stream_frees_the_slot(smol):
     c = smol.client()
     before = smol.metrics()
-    stream = c.completions.create(model=SMOL.name, prompt="Write a long essay about the sea.", max_tokens=300,
+    stream = c.completions.create(model=SMOL.name, prompt="Write a long essay about the sea.", max_tokens=3000,
                                   temperature=0, stream=True, extra_body={"ignore_eos": True})
     got = 0
     for ch in stream:
@@ -462,7 +462,7 @@ def test_disconnect_mid_stream_frees_the_slot(smol):
     assert r.usage.completion_tokens == 3
     # A non-streaming client that gives up is cancelled too.
     with pytest.raises(httpx.TimeoutException):
-        smol.post("/v1/completions", json={"prompt": "Write a long essay about the sky.", "max_tokens": 300,
+        smol.post("/v1/completions", json={"prompt": "Write a long essay about the sky.", "max_tokens": 3000,
                                            "temperature": 0, "ignore_eos": True}, timeout=1.5)
     wait_metric(smol, "lone_cancelled_total", lambda v: v == before["lone_cancelled_total"] + 2)
     wait_metric(smol, "lone_active_slots", lambda v: v == 0)
@@ -472,7 +472,8 @@ def test_queue_full_gives_503():
     need_smol()
     s = Server(SMOL, "--parallel", "1", "--queue", "1")
     try:
-        body = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+        # Long enough to still be running however fast the kernels get; closed early.
+        body = {"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         with httpx.Client(timeout=60) as h:
             with h.stream("POST", s.base + "/v1/completions", json=body) as a:
