@@ -453,7 +453,8 @@ async fn handle(
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
             let msgs = openai::normalize_messages(&f.messages)?;
-            let ids = text.encode_chat(&msgs).map_err(|e| {
+            // Templates and tokenizers can take a while on big inputs: off the async workers.
+            let ids = tokio::task::block_in_place(|| text.encode_chat(&msgs)).map_err(|e| {
                 bad_request("messages", format!("cannot apply the chat template: {e}"))
             })?;
             let lp = match (f.logprobs.unwrap_or(false), f.top_logprobs) {
@@ -495,7 +496,7 @@ async fn handle(
                 k => k.map(|k| k as usize),
             };
             let encode = |s: &str| {
-                text.encode_raw(s)
+                tokio::task::block_in_place(|| text.encode_raw(s))
                     .map_err(|e| bad_request("prompt", format!("cannot tokenize the prompt: {e}")))
             };
             let prompts = match f.prompt {
