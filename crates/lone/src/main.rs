@@ -1,6 +1,7 @@
 //! `lone`: run small language models locally.
 
 mod cmd;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -19,12 +20,15 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(cmd::run::RunArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

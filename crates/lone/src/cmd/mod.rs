@@ -1,2 +1,4 @@
 pub mod common;
 pub mod run;
+/// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
+pub(crate) use crate::serve;

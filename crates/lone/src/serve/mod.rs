@@ -1,0 +1,728 @@
+//! `lone serve`: an OpenAI-compatible HTTP server (axum) in front of the batching engine.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE with `stream: true`),
+//! `GET /v1/models`, `GET /health`, `GET /metrics`. The model loads in the background after
+//! the port is bound; until then `/health` answers 503 `{"status": "loading"}`.
+
+pub mod engine;
+pub mod metrics;
+pub mod openai;
+pub mod stop;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use lone_core::text::TextIo;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use self::engine::{Engine, EngineConfig, Event, GenRequest, SubmitError};
+use self::metrics::Metrics;
+use self::openai::{ApiError, ChoiceAcc, Chunker, Kind, Meta, Prompt};
+use crate::cmd::common;
+
+/// Largest request body.
+pub const BODY_LIMIT: usize = 2 << 20;
+/// Default context cap when `--ctx` is not given.
+pub const DEFAULT_CTX_CAP: usize = 4096;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// HF checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the setup step).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together (slots, each with its own cache).
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Context length per sequence (prompt + completion); default: the model's
+    /// max_position_embeddings capped at 4096.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on /v1/* requests.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    #[arg(long, short)]
+    pub threads: Option<usize>,
+    /// Sequences that may wait for a slot; beyond that requests get 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Model id reported by /v1/models and accepted in `model` (default: the file or directory name).
+    #[arg(long)]
+    pub alias: Option<String>,
+}
+
+struct Ready {
+    engine: Engine,
+    text: Arc<TextIo>,
+    ctx: usize,
+    vocab: usize,
+}
+
+struct AppState {
+    model_id: String,
+    /// Names accepted in the `model` field.
+    model_names: Vec<String>,
+    created: u64,
+    ready: OnceLock<Ready>,
+    metrics: Arc<Metrics>,
+    api_key: Option<String>,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if a.ctx == Some(0) {
+        bail!("--ctx must be at least 1");
+    }
+    if a.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    let path = common::resolve_model(a.model.as_deref())?;
+    let file_name = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    let model_id = a.alias.clone().unwrap_or_else(|| file_name.clone());
+    let mut model_names = vec![model_id.clone(), file_name.clone()];
+    if let Some(stem) = path.file_stem() {
+        model_names.push(stem.to_string_lossy().into_owned());
+    }
+    let state = Arc::new(AppState {
+        model_id,
+        model_names,
+        created: now(),
+        ready: OnceLock::new(),
+        metrics: Arc::new(Metrics::default()),
+        api_key: a.api_key.clone(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(serve(a, path, state))
+}
+
+async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> {
+    let addr: SocketAddr = tokio::net::lookup_host((a.host.as_str(), a.port))
+        .await
+        .with_context(|| format!("cannot resolve --host {}", a.host))?
+        .next()
+        .with_context(|| format!("no address for --host {}", a.host))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    eprintln!(
+        "lone serve: listening on http://{} (loading {})",
+        listener.local_addr()?,
+        path.display()
+    );
+
+    // Load in the background: /health says "loading" until this is done.
+    let st = state.clone();
+    let args = a.clone();
+    std::thread::spawn(move || {
+        // Test hook: hold the server in the "loading" state for a while.
+        if let Some(ms) = std::env::var("LONE_SERVE_TEST_LOAD_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        match load(&args, &path, &st.metrics) {
+            Ok(r) => {
+                eprintln!(
+                    "lone serve: model ready ({} slots, context {}, queue {})",
+                    r.engine.cfg.parallel, r.ctx, r.engine.cfg.queue
+                );
+                let _ = st.ready.set(r);
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    });
+
+    let app = router(state.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal(state.clone()))
+        .await
+        .context("server error")?;
+    if let Some(r) = state.ready.get() {
+        r.engine.shutdown();
+    }
+    eprintln!("lone serve: stopped");
+    Ok(())
+}
+
+fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
+    let model = common::load_model(path, a.threads)?;
+    let text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
+    let max_pos = model.cfg.max_position_embeddings;
+    let ctx = match a.ctx {
+        Some(c) if c > max_pos => {
+            bail!("--ctx {c} is larger than the model's context ({max_pos} positions)")
+        }
+        Some(c) => c,
+        None => max_pos.min(DEFAULT_CTX_CAP),
+    };
+    if ctx < 2 {
+        bail!("the context must hold at least 2 positions");
+    }
+    let vocab = model.cfg.vocab_size;
+    let text = Arc::new(text);
+    let cfg = EngineConfig {
+        parallel: a.parallel,
+        queue: a.queue,
+        ctx,
+    };
+    let engine = Engine::start(model, text.clone(), cfg, metrics.clone())
+        .context("cannot start the engine thread")?;
+    Ok(Ready {
+        engine,
+        text,
+        ctx,
+        vocab,
+    })
+}
+
+async fn shutdown_signal(state: Arc<AppState>) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("lone serve: shutting down");
+    // Running streams end (with an error event) so connections can close; give up after 10 s.
+    std::thread::spawn(move || {
+        if let Some(r) = state.ready.get() {
+            r.engine.shutdown();
+        }
+        std::thread::sleep(Duration::from_secs(10));
+        std::process::exit(0);
+    });
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(get_model))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+const ENDPOINTS: [&str; 6] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/v1/health",
+    "/metrics",
+];
+
+async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let endpoint = if path.starts_with("/v1/models/") {
+        "/v1/models"
+    } else {
+        ENDPOINTS
+            .iter()
+            .find(|&&e| e == path)
+            .copied()
+            .unwrap_or("other")
+    };
+    let resp = next.run(req).await;
+    st.metrics.record_request(endpoint, resp.status().as_u16());
+    resp
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        if req.uri().path().starts_with("/v1/") && req.uri().path() != "/v1/health" {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if given != Some(key.as_str()) {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_request_error",
+                    "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.",
+                )
+                .code("invalid_api_key")
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "Unknown endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
+    )
+    .code("unknown_url")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "Method not allowed for this endpoint",
+    )
+    .code("method_not_allowed")
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.ready.get().is_some() {
+        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response()
+    }
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "lone"})
+}
+
+async fn list_models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&st)]}))
+}
+
+async fn get_model(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
+    if st.model_names.contains(&id) {
+        Json(model_object(&st)).into_response()
+    } else {
+        model_not_found(&id).into_response()
+    }
+}
+
+fn model_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("The model '{id}' does not exist"),
+    )
+    .param("model")
+    .code("model_not_found")
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(st, body, Kind::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(st, body, Kind::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn bad_request(param: &str, msg: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg).param(param)
+}
+
+/// Requests are ids from a counter plus the start time: unique within a server run.
+fn request_id(kind: Kind) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{:x}{n:06x}", now())
+}
+
+async fn handle(
+    st: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| {
+        let status = e.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request_too_large"
+        } else {
+            "invalid_body"
+        };
+        ApiError::new(status, "invalid_request_error", e.body_text()).code(code)
+    })?;
+    let Some(ready) = st.ready.get() else {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            "The model is loading; retry shortly.",
+        )
+        .code("model_loading");
+        e.retry_after = Some(1);
+        return Err(e);
+    };
+    let v = openai::parse_body(&body)?;
+    let common: openai::Common = openai::fields(&v)?;
+    if let Some(m) = &common.model {
+        if !st.model_names.contains(m) {
+            return Err(model_not_found(m));
+        }
+    }
+    let settings = common.settings(ready.vocab)?;
+    let text = &ready.text;
+
+    // Prompts (several for a completions list) and logprobs.
+    let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
+        Kind::Chat => {
+            let f: openai::ChatFields = openai::fields(&v)?;
+            let msgs = openai::normalize_messages(&f.messages)?;
+            // Templates and tokenizers can take a while on big inputs: off the async workers.
+            let ids = tokio::task::block_in_place(|| text.encode_chat(&msgs)).map_err(|e| {
+                bad_request("messages", format!("cannot apply the chat template: {e}"))
+            })?;
+            let lp = match (f.logprobs.unwrap_or(false), f.top_logprobs) {
+                (_, Some(k)) if k > openai::MAX_TOP_LOGPROBS => {
+                    return Err(openai::ApiError::invalid(
+                        "top_logprobs",
+                        format!(
+                            "'top_logprobs' must be between 0 and {}",
+                            openai::MAX_TOP_LOGPROBS
+                        ),
+                    ))
+                }
+                (false, Some(k)) if k > 0 => {
+                    return Err(openai::ApiError::invalid(
+                        "top_logprobs",
+                        "'top_logprobs' needs 'logprobs': true",
+                    ))
+                }
+                (true, k) => Some(k.unwrap_or(0) as usize),
+                (false, _) => None,
+            };
+            (vec![ids], lp)
+        }
+        Kind::Completion => {
+            let f: openai::CompletionFields = openai::fields(&v)?;
+            if f.echo.unwrap_or(false) {
+                return Err(openai::ApiError::invalid("echo", "'echo' is not supported"));
+            }
+            let lp = match f.logprobs {
+                Some(k) if k > openai::MAX_TOP_LOGPROBS => {
+                    return Err(openai::ApiError::invalid(
+                        "logprobs",
+                        format!(
+                            "'logprobs' must be between 0 and {}",
+                            openai::MAX_TOP_LOGPROBS
+                        ),
+                    ))
+                }
+                k => k.map(|k| k as usize),
+            };
+            let encode = |s: &str| {
+                tokio::task::block_in_place(|| text.encode_raw(s))
+                    .map_err(|e| bad_request("prompt", format!("cannot tokenize the prompt: {e}")))
+            };
+            let prompts = match f.prompt {
+                Prompt::Text(s) => vec![encode(&s)?],
+                Prompt::Texts(v) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
+                Prompt::Ids(ids) => vec![ids],
+                Prompt::IdLists(l) => l,
+            };
+            (prompts, lp)
+        }
+    };
+    if prompts.is_empty() {
+        return Err(openai::ApiError::invalid(
+            "prompt",
+            "the prompt list is empty",
+        ));
+    }
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    for p in &prompts {
+        if p.is_empty() {
+            return Err(openai::ApiError::invalid(
+                param,
+                "the prompt is empty (0 tokens)",
+            ));
+        }
+        if let Some(&bad) = p.iter().find(|&&t| t as usize >= ready.vocab) {
+            return Err(openai::ApiError::invalid(
+                param,
+                format!(
+                    "token id {bad} is out of the vocabulary (size {})",
+                    ready.vocab
+                ),
+            ));
+        }
+    }
+    if prompts.len() * settings.n > openai::MAX_N as usize {
+        return Err(openai::ApiError::invalid(
+            "n",
+            format!(
+                "at most {} choices (prompts x n) per request",
+                openai::MAX_N
+            ),
+        ));
+    }
+
+    // Context: prompt + max_tokens must fit (OpenAI's rule); without max_tokens, generate
+    // until the context is full.
+    let ctx = ready.ctx;
+    let mut reqs = Vec::new();
+    for (pi, p) in prompts.iter().enumerate() {
+        let room = ctx.saturating_sub(p.len());
+        let max_tokens = match settings.max_tokens {
+            Some(m) if p.len() + m > ctx || room == 0 => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!(
+                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the {param}, {m} in the completion). Please reduce the length of the {param} or completion.",
+                        p.len() + m,
+                        p.len()
+                    ),
+                )
+                .param(param)
+                .code("context_length_exceeded"))
+            }
+            Some(m) => m,
+            None if room == 0 => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!(
+                        "This model's maximum context length is {ctx} tokens. However, your {param} has {} tokens. Please reduce the length of the {param}.",
+                        p.len()
+                    ),
+                )
+                .param(param)
+                .code("context_length_exceeded"))
+            }
+            None => room,
+        };
+        for j in 0..settings.n {
+            let index = pi * settings.n + j;
+            let mut params = settings.params.clone();
+            // Each choice is its own sequence: with a seed, choice j uses seed + j.
+            params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            reqs.push(GenRequest {
+                prompt: p.clone(),
+                max_tokens,
+                params,
+                stop: settings.stop.clone(),
+                ignore_eos: settings.ignore_eos,
+                logprobs,
+                index,
+            });
+        }
+    }
+    let meta = Meta {
+        kind,
+        id: request_id(kind),
+        created: now(),
+        model: st.model_id.clone(),
+        choices: reqs.len(),
+        prompt_tokens: prompts.iter().map(Vec::len).sum(),
+        logprobs: logprobs.is_some(),
+        include_usage: settings.include_usage,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    match ready.engine.submit(reqs, tx) {
+        Ok(()) => {}
+        Err(SubmitError::QueueFull) => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "The server is busy (all slots and the queue are full); retry later.",
+            )
+            .code("queue_full");
+            e.retry_after = Some(1);
+            return Err(e);
+        }
+        Err(SubmitError::ShuttingDown) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "The server is shutting down.",
+            ))
+        }
+    }
+
+    if settings.stream {
+        return Ok(stream_response(meta, ready.text.clone(), rx));
+    }
+    // Non-streaming: gather every choice.
+    let mut acc = vec![ChoiceAcc::default(); meta.choices];
+    let mut left = meta.choices;
+    while left > 0 {
+        let Some(ev) = rx.recv().await else {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "the inference engine stopped",
+            ));
+        };
+        match ev {
+            Event::Delta {
+                index,
+                text,
+                tokens,
+            } => {
+                if let Some(c) = acc.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.tokens.extend(tokens);
+                }
+            }
+            Event::Done {
+                index,
+                finish,
+                completion_tokens,
+                cached_tokens,
+                ..
+            } => {
+                if let Some(c) = acc.get_mut(index) {
+                    c.finish = Some(finish);
+                    c.completion_tokens = completion_tokens;
+                    c.cached_tokens = cached_tokens;
+                    left -= 1;
+                }
+            }
+            Event::Error { message, .. } => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    message,
+                ))
+            }
+        }
+    }
+    Ok(Json(openai::full_response(&meta, text, &acc)).into_response())
+}
+
+/// SSE: the role chunks, one chunk per text piece, a finish chunk per choice, the usage
+/// chunk when asked for, then `[DONE]`. Dropping the stream (client gone) drops the receiver,
+/// which cancels the sequences.
+fn stream_response(meta: Meta, text: Arc<TextIo>, rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    struct S {
+        rx: mpsc::UnboundedReceiver<Event>,
+        chunker: Chunker,
+        pending: VecDeque<String>,
+        finished: bool,
+    }
+    let chunker = Chunker::new(meta, text);
+    let s = S {
+        rx,
+        pending: chunker.start().into(),
+        chunker,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(s, |mut s| async move {
+        loop {
+            if let Some(p) = s.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(SseEvent::default().data(p)), s));
+            }
+            if s.finished {
+                return None;
+            }
+            let ev = s.rx.recv().await.unwrap_or_else(|| Event::Error {
+                index: 0,
+                message: "the inference engine stopped".into(),
+            });
+            let failed = matches!(ev, Event::Error { .. });
+            s.pending.extend(s.chunker.on_event(ev));
+            if failed {
+                s.pending.push_back("[DONE]".into());
+                s.finished = true;
+            } else if s.chunker.all_done() {
+                s.pending.extend(s.chunker.end());
+                s.finished = true;
+            }
+            if s.finished {
+                // Nothing more is wanted: cancels any sequence still running.
+                s.rx.close();
+            }
+        }
+    });
+    Sse::new(stream).into_response()
+}
