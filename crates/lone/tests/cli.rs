@@ -41,6 +41,14 @@ fn expect_error(out: Output, needle: &str) {
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
 
+/// `lone run --model PATH --prompt-ids 1`.
+fn run_one_token(model: &str) -> Output {
+    lone()
+        .args(["run", "--model", model, "--prompt-ids", "1"])
+        .output()
+        .unwrap()
+}
+
 fn run_json(args: &[&str]) -> serde_json::Value {
     let out = lone().arg("run").args(args).arg("--json").output().unwrap();
     assert!(
@@ -287,61 +295,23 @@ fn copy_checkpoint(src: &Path, dst: &Path, edit: impl FnOnce(&mut serde_json::Va
     std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
 }
 
+/// A config that disagrees with its weights, or names an unknown family.
 #[test]
-fn unknown_model_type() {
-    let tmp = tempfile::tempdir().unwrap();
-    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
-        c["model_type"] = "bert".into()
-    });
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    expect_error(out, "model_type 'bert'");
-}
-
-#[test]
-fn wrong_shape_in_config() {
-    let tmp = tempfile::tempdir().unwrap();
-    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
-        c["intermediate_size"] = 100.into()
-    });
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    expect_error(out, "has shape");
-}
-
-#[test]
-fn missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    copy_checkpoint(&fixture("llama"), tmp.path(), |c| {
-        c["num_hidden_layers"] = 5.into()
-    });
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    expect_error(out, "missing tensor 'model.layers.2.");
+fn bad_configs() {
+    let cases: [(&str, serde_json::Value, &str); 3] = [
+        ("model_type", "bert".into(), "model_type 'bert'"),
+        ("intermediate_size", 100.into(), "has shape"),
+        (
+            "num_hidden_layers",
+            5.into(),
+            "missing tensor 'model.layers.2.",
+        ),
+    ];
+    for (key, value, needle) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_checkpoint(&fixture("llama"), tmp.path(), |c| c[key] = value);
+        expect_error(run_one_token(tmp.path().to_str().unwrap()), needle);
+    }
 }
 
 #[test]
@@ -349,16 +319,7 @@ fn missing_weights_file() {
     let tmp = tempfile::tempdir().unwrap();
     copy_checkpoint(&fixture("llama"), tmp.path(), |_| {});
     std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-        ])
-        .output()
-        .unwrap();
+    let out = run_one_token(tmp.path().to_str().unwrap());
     expect_error(out, "no model.safetensors");
 }
 
@@ -369,16 +330,7 @@ fn truncated_safetensors() {
     let p = tmp.path().join("model.safetensors");
     let b = std::fs::read(&p).unwrap();
     std::fs::write(&p, &b[..b.len() - 1000]).unwrap();
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-        ])
-        .output()
-        .unwrap();
+    let out = run_one_token(tmp.path().to_str().unwrap());
     expect_error(out, "truncated or corrupt");
 }
 
