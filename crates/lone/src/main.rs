@@ -19,12 +19,15 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(cmd::run::RunArgs),
+    /// Chat interactively, keeping the model and the conversation's cache loaded.
+    Chat(cmd::chat::ChatArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::chat(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,2 +1,3 @@
+pub mod chat;
 pub mod common;
 pub mod run;
