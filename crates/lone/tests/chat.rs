@@ -250,8 +250,10 @@ fn ctrl_c_stops_generation_and_the_repl_goes_on() {
     let mut p = spawn(&path, &["--ignore-eos", "-n", "100000"]);
     p.send_line("Count from one to one thousand in words.")
         .unwrap();
-    // Let it generate for a while, then interrupt.
-    std::thread::sleep(Duration::from_secs(3));
+    // Wait until the reply streams (past the echo of the message), then interrupt.
+    expect_str(&mut p, "in words.");
+    p.expect(Regex(r"\n[^\n]*[A-Za-z]{2}")).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
     p.send(ControlCode::EndOfText).unwrap(); // Ctrl-C
     expect_str(&mut p, "[stopped]");
     let (_, decoded, _) = expect_stats(&mut p);
@@ -260,8 +262,11 @@ fn ctrl_c_stops_generation_and_the_repl_goes_on() {
     p.send_line("/stats").unwrap();
     expect_str(&mut p, "turns 1");
     // Ctrl-C at the prompt clears the line and does not quit.
+    expect_str(&mut p, ">>> ");
     p.send("some half-typed line").unwrap();
+    expect_str(&mut p, "half-typed line");
     p.send(ControlCode::EndOfText).unwrap();
+    expect_str(&mut p, ">>> ");
     p.send_line("/reset").unwrap();
     expect_str(&mut p, "[conversation cleared]");
     p.send_line("/quit").unwrap();
@@ -377,7 +382,7 @@ fn bad_options_are_errors() {
             &["--ctx", "999999"][..],
             "more than the model's context length",
         ),
-        (&["--temperature", "-1"][..], "bad sampling option"),
+        (&["--temperature=-1"][..], "bad sampling option"),
         (&["--threads", "0"][..], "--threads must be at least 1"),
     ] {
         let (code, _, stderr) = run_piped(&path, args, b"");

@@ -451,6 +451,14 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let generating = Arc::new(AtomicBool::new(false));
     let interactive = std::io::stdin().is_terminal();
+    // The editor first: rustyline installs its own SIGINT handler when it is created (it
+    // only needs it in raw mode, where Ctrl-C arrives as a key anyway); ours must replace it.
+    let mut input = if interactive {
+        let ed = rustyline::DefaultEditor::new().context("cannot set up line editing")?;
+        Input::Editor(Box::new(ed))
+    } else {
+        Input::Pipe(std::io::stdin().lock())
+    };
     {
         let stop = stop.clone();
         let generating = generating.clone();
@@ -476,12 +484,6 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         ctx,
         stop,
         generating,
-    };
-    let mut input = if interactive {
-        let ed = rustyline::DefaultEditor::new().context("cannot set up line editing")?;
-        Input::Editor(Box::new(ed))
-    } else {
-        Input::Pipe(std::io::stdin().lock())
     };
     if interactive {
         eprintln!(
