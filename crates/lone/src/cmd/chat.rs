@@ -552,6 +552,108 @@ pub fn chat(a: ChatArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lone_core::tokenizer::ChatTemplate;
+
+    fn fixture_text(template: &str) -> TextIo {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/reference/fixtures/lfm2_a");
+        let model = Model::load(&dir).unwrap();
+        let mut text = TextIo::load(&model, &dir).unwrap();
+        text.template = Some(ChatTemplate::new(template, None, None).unwrap());
+        text
+    }
+
+    /// A reply as `generate` would stream it: tokens, text, checkpoints.
+    fn reply_of(text: &TextIo, ids: &[u32]) -> Reply {
+        let mut r = Reply::default();
+        let mut st = text.stream();
+        for &t in ids {
+            r.tokens.push(t);
+            if let Some(p) = st.push(t).unwrap() {
+                r.text.push_str(&p);
+                r.checkpoints.push((r.text.len(), r.tokens.len()));
+            }
+        }
+        r
+    }
+
+    const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + \
+        m['content'] + '<|im_end|>\\n' }}{% endfor %}\
+        {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    #[test]
+    fn reuses_the_whole_reply_even_when_not_canonically_tokenized() {
+        let text = fixture_text(CHATML);
+        let mut conv = Conversation::new(None);
+        let r1 = conv.messages_with("hi");
+        let p1 = text.render_chat(&r1, true).unwrap();
+        let (t1, reused) = conv.prompt_tokens(&text, &p1).unwrap();
+        assert_eq!(reused, 0);
+        assert_eq!(t1, text.tokenizer.encode(&p1, false).unwrap());
+        // A reply spelled one byte-token at a time: not how the tokenizer would split it.
+        let spelled: Vec<u32> = "hello there"
+            .chars()
+            .map(|c| text.tokenizer.encode(&c.to_string(), false).unwrap()[0])
+            .collect();
+        assert_ne!(
+            spelled,
+            text.tokenizer.encode("hello there", false).unwrap()
+        );
+        let reply = reply_of(&text, &spelled);
+        assert_eq!(reply.text, "hello there");
+        conv.commit("hi", p1.clone(), t1.clone(), &reply);
+        let p2 = text.render_chat(&conv.messages_with("more"), true).unwrap();
+        let (t2, reused) = conv.prompt_tokens(&text, &p2).unwrap();
+        assert_eq!(reused, t1.len() + spelled.len());
+        assert_eq!(&t2[..t1.len()], &t1[..]);
+        assert_eq!(&t2[t1.len()..reused], &spelled[..]);
+        let added = &p2[p1.len() + reply.text.len()..];
+        assert!(added.starts_with("<|im_end|>"));
+        assert_eq!(
+            &t2[reused..],
+            &text.tokenizer.encode(added, false).unwrap()[..]
+        );
+    }
+
+    #[test]
+    fn a_reply_the_template_trims_is_reused_up_to_where_the_text_matches() {
+        let trimming = CHATML.replace("m['content']", "m['content'] | trim");
+        let text = fixture_text(&trimming);
+        let mut conv = Conversation::new(Some("sys".into()));
+        let p1 = text.render_chat(&conv.messages_with("hi"), true).unwrap();
+        let (t1, _) = conv.prompt_tokens(&text, &p1).unwrap();
+        let ids = text.tokenizer.encode("Paris.  \n", false).unwrap();
+        let reply = reply_of(&text, &ids);
+        conv.commit("hi", p1.clone(), t1.clone(), &reply);
+        let p2 = text.render_chat(&conv.messages_with("more"), true).unwrap();
+        assert!(p2.contains("Paris.<|im_end|>"));
+        let (t2, reused) = conv.prompt_tokens(&text, &p2).unwrap();
+        // Every reply token whose text survives the trim is reused; the rest is re-tokenized.
+        let keep = reply
+            .checkpoints
+            .iter()
+            .filter(|&&(off, _)| p2[p1.len()..].starts_with(&reply.text[..off]))
+            .map(|&(_, n)| n)
+            .max()
+            .unwrap();
+        assert!(keep >= 1);
+        assert_eq!(reused, t1.len() + keep);
+        let off = p1.len() + decode_len(&text, &ids[..keep]);
+        assert_eq!(
+            &t2[reused..],
+            &text.tokenizer.encode(&p2[off..], false).unwrap()[..]
+        );
+        // A template that changes an earlier turn falls back to the last matching point.
+        conv.system = Some("other".into());
+        let p3 = text.render_chat(&conv.messages_with("more"), true).unwrap();
+        let (t3, reused) = conv.prompt_tokens(&text, &p3).unwrap();
+        assert_eq!(reused, 0);
+        assert_eq!(t3, text.tokenizer.encode(&p3, false).unwrap());
+    }
+
+    fn decode_len(text: &TextIo, ids: &[u32]) -> usize {
+        text.decode(ids).unwrap().len()
+    }
 
     #[test]
     fn common_prefix_respects_char_boundaries() {
