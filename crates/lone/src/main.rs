@@ -22,6 +22,8 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
     Serve(cmd::serve::ServeArgs),
+    /// Chat interactively, keeping the model and the conversation's cache loaded.
+    Chat(cmd::chat::ChatArgs),
 }
 
 fn main() {
@@ -29,6 +31,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Chat(a) => cmd::chat::chat(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

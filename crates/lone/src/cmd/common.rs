@@ -52,7 +52,6 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Current resident set size in bytes (Linux; 0 elsewhere).
-#[allow(dead_code)] // used by chat/serve stats
 pub fn rss_bytes() -> u64 {
     proc_status_kb("VmRSS:") * 1024
 }
@@ -66,4 +65,42 @@ fn proc_status_kb(key: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Sampling flags shared by the generating commands (the same names and defaults as `lone run`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> lone_core::sampler::SamplingParams {
+        lone_core::sampler::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
 }

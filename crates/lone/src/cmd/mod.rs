@@ -1,3 +1,4 @@
+pub mod chat;
 pub mod common;
 pub mod run;
 /// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
