@@ -178,6 +178,9 @@ fn half_dir(name: &str, sub: &str) {
 /// within the rounding of the weights (measured: see tolerances below). Quantized: loose
 /// bound on the logits, plus decode == prefill.
 fn gguf(name: &str, kind: &str, tol: f32) {
+    // Exact mode: quantized weights meet f32 activations (the fast mode's 8-bit activations
+    // are checked against exact mode in tests/fast_mode.rs).
+    lone_core::kernels::set_exact(true);
     let dir = fixtures().join(name);
     let f = load_fixture(&dir);
     let path = dir.join(format!("model-{kind}.gguf"));

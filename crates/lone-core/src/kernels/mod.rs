@@ -24,7 +24,7 @@ mod pool;
 mod x86;
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use crate::quant;
@@ -45,22 +45,39 @@ pub fn threads() -> usize {
 
 // ------------------------------------------------------------------ numeric mode
 
-static EXACT: AtomicBool = AtomicBool::new(false);
+/// 0: not yet read from `LONE_EXACT`; 1: fast; 2: exact.
+static EXACT: AtomicU8 = AtomicU8::new(0);
 thread_local! {
     static EXACT_HERE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Set the process-wide numeric mode: `true` = exact (f32 activations everywhere), `false`
 /// (the default) = fast (8-bit activations for quantized weights). See the module docs.
+///
+/// The initial value comes from the environment: `LONE_EXACT=1` starts in exact mode.
 pub fn set_exact(on: bool) {
-    EXACT.store(on, Ordering::SeqCst);
+    EXACT.store(if on { 2 } else { 1 }, Ordering::SeqCst);
+}
+
+fn global_exact() -> bool {
+    match EXACT.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("LONE_EXACT").is_ok_and(|v| v.trim() == "1");
+            let _ = EXACT.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            EXACT.load(Ordering::SeqCst) == 2
+        }
+        v => v == 2,
+    }
 }
 
 /// The mode matmuls issued from this thread use.
 pub fn exact() -> bool {
-    EXACT_HERE
-        .with(|c| c.get())
-        .unwrap_or_else(|| EXACT.load(Ordering::SeqCst))
+    EXACT_HERE.with(|c| c.get()).unwrap_or_else(global_exact)
 }
 
 /// Override the mode for matmuls issued from the current thread until the guard drops.

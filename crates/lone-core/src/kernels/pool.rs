@@ -153,7 +153,7 @@ fn worker(s: Arc<Shared>) {
             } else {
                 std::thread::yield_now();
             }
-            if spins % 64 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 let mut guard = s.park.lock().unwrap();
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 while s.state.load(Ordering::SeqCst) >> 32 == seen {

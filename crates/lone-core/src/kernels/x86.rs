@@ -13,6 +13,10 @@
 //! validity the caller (`kernels::matmul_with`) establishes, and they must only run on a CPU
 //! with the named features (the dispatcher checks with `is_x86_feature_detected!`).
 
+// The kernels walk several small arrays (accumulators, activation pointers, sums) in lockstep
+// over constant ranges that the compiler unrolls; index loops say that most plainly.
+#![allow(clippy::needless_range_loop)]
+
 use core::arch::x86_64::*;
 
 use super::MatArgs;
@@ -28,6 +32,10 @@ pub(super) trait F32V: Copy {
     unsafe fn load_bf16(p: *const u8) -> Self;
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// `LANES` signed bytes at `p`, converted to f32.
+    unsafe fn from_i8(p: *const i8) -> Self;
     unsafe fn hsum(self) -> f32;
 }
 
@@ -64,6 +72,20 @@ impl F32V for V8 {
         V8(_mm256_add_ps(a.0, b.0))
     }
     #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        V8(_mm256_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        V8(_mm256_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn from_i8(p: *const i8) -> Self {
+        V8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            p as *const __m128i,
+        ))))
+    }
+    #[inline(always)]
     unsafe fn hsum(self) -> f32 {
         hsum256(self.0)
     }
@@ -95,6 +117,20 @@ impl F32V for V16 {
     #[inline(always)]
     unsafe fn add(a: Self, b: Self) -> Self {
         V16(_mm512_add_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        V16(_mm512_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        V16(_mm512_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn from_i8(p: *const i8) -> Self {
+        V16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            p as *const __m128i,
+        ))))
     }
     #[inline(always)]
     unsafe fn hsum(self) -> f32 {
@@ -270,6 +306,53 @@ unsafe fn exact_rows<V: F32V, const BB: usize, const BS: usize>(
         2 => exact_rows_n::<V, BB, BS, 2>(a, deq),
         3 => exact_rows_n::<V, BB, BS, 3>(a, deq),
         _ => exact_rows_n::<V, BB, BS, 4>(a, deq),
+    }
+}
+
+/// Exact mode for the 32-element formats, fully in SIMD: the block's quants are decoded to
+/// bytes (as the integer kernels do), widened to f32 and scaled exactly as the reference
+/// dequantizer does (`q·d`, or `q·d + m` as a separate multiply and add: bit-identical
+/// weights), then FMA'd with every f32 activation row.
+#[inline(always)]
+unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let l = V::LANES;
+    let nb = a.k / 32;
+    let mut qb = [0i8; 32];
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        for b in 0..nb {
+            let (q, d, m) = W::decode(w.add(b * W::BB));
+            _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
+            let (dv, mv) = (V::splat(d), V::splat(m));
+            let mut j = 0;
+            while j < 32 {
+                let mut wv = V::mul(V::from_i8(qb.as_ptr().add(j)), dv);
+                if !W::SIGNED {
+                    wv = V::add(wv, mv);
+                }
+                let u = (j / l) & 3;
+                for t in 0..NX {
+                    acc[t][u] = V::fma(wv, V::load(xs[t].add(b * 32 + j)), acc[t][u]);
+                }
+                j += l;
+            }
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            *a.out.add(t * a.out_stride + r) = s.hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
+    match a.nx {
+        1 => exact_legacy_rows_n::<V, W, 1>(a),
+        2 => exact_legacy_rows_n::<V, W, 2>(a),
+        3 => exact_legacy_rows_n::<V, W, 3>(a),
+        _ => exact_legacy_rows_n::<V, W, 4>(a),
     }
 }
 
@@ -629,26 +712,11 @@ macro_rules! level {
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
-            entry!(exact_q4_0, $features, |a| exact_rows::<$V, 18, 32>(
-                a,
-                rb::dequant_q4_0
-            ));
-            entry!(exact_q4_1, $features, |a| exact_rows::<$V, 20, 32>(
-                a,
-                rb::dequant_q4_1
-            ));
-            entry!(exact_q5_0, $features, |a| exact_rows::<$V, 22, 32>(
-                a,
-                rb::dequant_q5_0
-            ));
-            entry!(exact_q5_1, $features, |a| exact_rows::<$V, 24, 32>(
-                a,
-                rb::dequant_q5_1
-            ));
-            entry!(exact_q8_0, $features, |a| exact_rows::<$V, 34, 32>(
-                a,
-                rb::dequant_q8_0
-            ));
+            entry!(exact_q4_0, $features, exact_legacy_rows::<$V, WQ4_0>);
+            entry!(exact_q4_1, $features, exact_legacy_rows::<$V, WQ4_1>);
+            entry!(exact_q5_0, $features, exact_legacy_rows::<$V, WQ5_0>);
+            entry!(exact_q5_1, $features, exact_legacy_rows::<$V, WQ5_1>);
+            entry!(exact_q8_0, $features, exact_legacy_rows::<$V, WQ8_0>);
             entry!(exact_q2_k, $features, |a| exact_rows::<$V, 84, 256>(
                 a,
                 rb::dequant_q2_k

@@ -25,9 +25,6 @@ pub(crate) mod reference_blocks {
     pub(crate) use super::kquants::{
         dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k, scale_min_k4,
     };
-    pub(crate) use super::legacy::{
-        dequant_q4_0, dequant_q4_1, dequant_q5_0, dequant_q5_1, dequant_q8_0,
-    };
 }
 
 use crate::tensor::DType;
