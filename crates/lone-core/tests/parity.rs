@@ -180,6 +180,9 @@ fn half_dir(name: &str, sub: &str) {
 /// differs: the f32 bar (1e-4) applies, quantized or not. The f32 reference `logits.npy` is
 /// kept as a sanity bound on how far the format's rounding moved the logits (`sanity`).
 fn gguf(name: &str, kind: &str, sanity: f32) {
+    // Exact mode: quantized weights meet f32 activations (the fast mode's 8-bit activations
+    // are checked against exact mode in tests/fast_mode.rs).
+    lone_core::kernels::set_exact(true);
     let dir = fixtures().join(name);
     let f = load_fixture(&dir);
     let exact = npy::read(&dir.join(format!("gguf-{kind}.logits.npy"))).unwrap();

@@ -1,59 +1,478 @@
 //! Compute kernels. They know nothing of models: matrices are `Tensor`s in their stored
 //! format, activations are row-major f32 slices.
 //!
-//! Each op has one entry point here; the per-format inner loops live in `crate::quant`.
-//! Work is split over the rayon thread pool (`set_threads`).
+//! Matrix products go through [`matmul`], which picks a kernel for the weight format from a
+//! table built once for the CPU ([`Isa`], detected at first use) and splits the weight rows
+//! over the persistent thread pool ([`pool`], configured by [`set_threads`]).
+//!
+//! Two numeric modes (see [`set_exact`]):
+//! - **exact** (default): quantized weights are dequantized (bit-exactly, block by block) and
+//!   dotted with the f32 activations: the exact dot product of the dequantized weights with the
+//!   activations, up to f32 rounding. At decode this is about as fast as the fast mode (both
+//!   are bound by reading the weights) and it keeps lone's logits equal to transformers' on the
+//!   dequantized weights.
+//! - **fast** (`LONE_EXACT=0` or `set_exact(false)`): like llama.cpp, the activation rows are
+//!   quantized once per matmul to 8-bit blocks (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for Q4_1/Q5_1, Q8_K for Q4_K/Q5_K/Q6_K;
+//!   ggml's reference quantizers, byte-exact) and dotted with integer SIMD (AVX2 `vpmaddubsw`,
+//!   AVX-512 VNNI `vpdpbusd`). The result is the exact dot product of the dequantized weights
+//!   with the *dequantized 8-bit activations*, up to f32 rounding.
+//!   Other quantized formats (Q2_K, Q3_K) always take the exact path.
+//!
+//! Float weights (F32, F16, BF16) always use f32 activations, so both modes agree on them.
 
-use rayon::prelude::*;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
-use crate::tensor::Tensor;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
-/// Configure the global worker pool once, before the first forward pass.
-/// Returns false if the pool was already initialised (the earlier setting stays).
+use crate::quant;
+use crate::tensor::{DType, Tensor};
+
+pub use pool::parallel_for;
+
+/// Configure the worker pool once, before the first forward pass.
+/// Returns false if the pool was already started (the earlier setting stays).
 pub fn set_threads(n: usize) -> bool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n.max(1))
-        .build_global()
-        .is_ok()
+    pool::set_threads(n)
 }
 
-/// Number of threads the kernels use.
+/// Number of threads the kernels use (the caller included).
 pub fn threads() -> usize {
-    rayon::current_num_threads()
+    pool::global().threads()
+}
+
+// ------------------------------------------------------------------ numeric mode
+
+/// 0: not yet read from `LONE_EXACT`; 1: fast; 2: exact.
+static EXACT: AtomicU8 = AtomicU8::new(0);
+thread_local! {
+    static EXACT_HERE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Set the process-wide numeric mode: `true` (the default) = exact (f32 activations
+/// everywhere), `false` = fast (8-bit activations for quantized weights). See the module docs.
+///
+/// The initial value comes from the environment: `LONE_EXACT=0` starts in fast mode.
+pub fn set_exact(on: bool) {
+    EXACT.store(if on { 2 } else { 1 }, Ordering::SeqCst);
+}
+
+fn global_exact() -> bool {
+    match EXACT.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("LONE_EXACT").map_or(true, |v| v.trim() != "0");
+            let _ = EXACT.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            EXACT.load(Ordering::SeqCst) == 2
+        }
+        v => v == 2,
+    }
+}
+
+/// The mode matmuls issued from this thread use.
+pub fn exact() -> bool {
+    EXACT_HERE.with(|c| c.get()).unwrap_or_else(global_exact)
+}
+
+/// Override the mode for matmuls issued from the current thread until the guard drops.
+pub fn exact_scope(on: bool) -> ExactScope {
+    ExactScope(EXACT_HERE.with(|c| c.replace(Some(on))))
+}
+
+/// See [`exact_scope`].
+pub struct ExactScope(Option<bool>);
+impl Drop for ExactScope {
+    fn drop(&mut self) {
+        EXACT_HERE.with(|c| c.set(self.0));
+    }
+}
+
+// ------------------------------------------------------------------ instruction sets
+
+/// A kernel family. [`isa`] is the best one the CPU supports (or `LONE_ISA=scalar|avx2|
+/// avx512|neon` when set and supported); tests and benchmarks can request any available one
+/// through [`matmul_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust (`quant::reference`).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C): 512-bit float kernels, 256-bit
+    /// VNNI integer kernels.
+    Avx512,
+    /// aarch64 NEON (float weights; other formats use the scalar kernels for now).
+    Neon,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
+    /// Whether this CPU can run the family.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Every family this CPU can run, slowest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The kernel family [`matmul`] uses, detected once.
+pub fn isa() -> Isa {
+    active().isa
+}
+
+// ------------------------------------------------------------------ kernel table
+
+/// One call of a kernel: `out[t * out_stride + r] = dot(weight row r, activation row t)` for
+/// `r < rows`, `t < nx` (1..=4). Weight rows are `w_stride` bytes apart, activation rows
+/// `x_stride` bytes apart (f32 or the kernel's 8-bit activation format), rows of `k` elements.
+pub(crate) struct MatArgs {
+    pub dtype: DType,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub x: *const u8,
+    pub x_stride: usize,
+    pub nx: usize,
+    pub k: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// A kernel. Safety contract: every pointer in the `MatArgs` is valid for the bytes the call
+/// reads or writes, `k` is a whole number of the format's blocks, `nx` is 1..=4, the rows
+/// written do not overlap other threads' rows, and the CPU supports the kernel's [`Isa`].
+pub(crate) type MatFn = unsafe fn(&MatArgs);
+
+/// Which activations a kernel takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Act {
+    F32,
+    /// 8-bit blocks of this format.
+    Quant(DType),
+    /// f32 values of the 8-bit blocks (quantized, then dequantized): the scalar fast path.
+    QuantDeq(DType),
+}
+
+#[derive(Clone, Copy)]
+struct Kernel {
+    f: MatFn,
+    act: Act,
+}
+
+/// The 8-bit activation format llama.cpp pairs with a weight format.
+fn act_format(dtype: DType) -> Option<DType> {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
+        DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
+        DType::Q4K | DType::Q5K | DType::Q6K => Some(DType::Q8K),
+        _ => None,
+    }
+}
+
+/// Scalar kernel: `quant::reference::dot_row` per (row, activation row), f32 activations.
+unsafe fn scalar_rows(a: &MatArgs) {
+    let rb = a.w_stride;
+    for r in 0..a.rows {
+        // SAFETY: the MatFn contract: row r of `rb` bytes and activation rows of `k` f32.
+        let w = unsafe { std::slice::from_raw_parts(a.w.add(r * rb), rb) };
+        for t in 0..a.nx {
+            // SAFETY: as above; f32 activations are 4-byte aligned (they come from &[f32]).
+            let x =
+                unsafe { std::slice::from_raw_parts(a.x.add(t * a.x_stride) as *const f32, a.k) };
+            let v = quant::reference::dot_row(a.dtype, w, x)
+                .expect("weight rows are whole blocks (checked by matmul)");
+            // SAFETY: the MatFn contract: out[t * out_stride + r] is ours to write.
+            unsafe { *a.out.add(t * a.out_stride + r) = v };
+        }
+    }
+}
+
+fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
+    let fast_act = if exact { None } else { act_format(dtype) };
+    let scalar = Kernel {
+        f: scalar_rows,
+        act: fast_act.map_or(Act::F32, Act::QuantDeq),
+    };
+    match isa {
+        Isa::Scalar => scalar,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => x86_kernel(isa, dtype, fast_act).unwrap_or(scalar),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel { f, act: Act::F32 }),
+        #[allow(unreachable_patterns)]
+        _ => scalar,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
+    macro_rules! pick {
+        ($name:ident) => {
+            if isa == Isa::Avx512 {
+                x86::avx512::$name as MatFn
+            } else {
+                x86::avx2::$name as MatFn
+            }
+        };
+    }
+    let f32k = |f: MatFn| Some(Kernel { f, act: Act::F32 });
+    if let Some(ad) = fast_act {
+        let f = match dtype {
+            DType::Q4_0 => pick!(q4_0),
+            DType::Q4_1 => pick!(q4_1),
+            DType::Q5_0 => pick!(q5_0),
+            DType::Q5_1 => pick!(q5_1),
+            DType::Q8_0 => pick!(q8_0),
+            DType::Q4K => pick!(q4_k),
+            DType::Q5K => pick!(q5_k),
+            DType::Q6K => pick!(q6_k),
+            _ => unreachable!("act_format covers these"),
+        };
+        return Some(Kernel {
+            f,
+            act: Act::Quant(ad),
+        });
+    }
+    match dtype {
+        DType::F32 => f32k(pick!(f32)),
+        DType::F16 => f32k(pick!(f16)),
+        DType::BF16 => f32k(pick!(bf16)),
+        DType::Q4_0 => f32k(pick!(exact_q4_0)),
+        DType::Q4_1 => f32k(pick!(exact_q4_1)),
+        DType::Q5_0 => f32k(pick!(exact_q5_0)),
+        DType::Q5_1 => f32k(pick!(exact_q5_1)),
+        DType::Q8_0 => f32k(pick!(exact_q8_0)),
+        DType::Q2K => f32k(pick!(exact_q2_k)),
+        DType::Q3K => f32k(pick!(exact_q3_k)),
+        DType::Q4K => f32k(pick!(exact_q4_k)),
+        DType::Q5K => f32k(pick!(exact_q5_k)),
+        DType::Q6K => f32k(pick!(exact_q6_k)),
+        DType::Q8_1 | DType::Q8K => None,
+    }
+}
+
+/// The detected family's kernels, [fast, exact] per format, built once.
+struct Active {
+    isa: Isa,
+    table: Vec<[Kernel; 2]>,
+}
+
+fn active() -> &'static Active {
+    static ACTIVE: OnceLock<Active> = OnceLock::new();
+    ACTIVE.get_or_init(|| {
+        let best = *Isa::available().last().expect("scalar is always available");
+        let isa = std::env::var("LONE_ISA")
+            .ok()
+            .and_then(|v| Isa::ALL.into_iter().find(|i| i.name() == v.trim()))
+            .filter(|i| i.is_available())
+            .unwrap_or(best);
+        let table = DType::ALL
+            .iter()
+            .map(|&d| [kernel(isa, d, false), kernel(isa, d, true)])
+            .collect();
+        Active { isa, table }
+    })
+}
+
+// ------------------------------------------------------------------ matmul
+
+/// Weight rows per kernel call: a tile small enough to stay in L1 while every group of 4
+/// activation rows passes over it.
+const TILE_ROWS: usize = 16;
+
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: used only to hand disjoint output rows / read-only buffers to pool threads, all of
+// which finish before the owning borrow ends.
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+thread_local! {
+    static QBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static DBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `out[t, r] = sum_k w[r, k] * x[t, k]` for `n` activation rows `x` of length `K = w.row_len()`;
-/// `out` has `n * w.n_rows()` elements. Each weight row is loaded once and used for all `n` rows.
+/// `out` has `n * w.n_rows()` elements. Each weight block is loaded once per group of up to
+/// 4 activation rows. Uses the detected [`Isa`] and this thread's [`exact`] mode.
 pub fn matmul(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let a = active();
+    let kern = a.table[dtype_index(w.dtype)][usize::from(exact())];
+    matmul_kernel(kern, w, x, n, out);
+}
+
+/// [`matmul`] with an explicit kernel family and mode (tests, benchmarks).
+///
+/// Panics if `isa` is not available on this CPU or the shapes do not match.
+pub fn matmul_with(isa: Isa, exact: bool, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    assert!(isa.is_available(), "{isa:?} is not supported by this CPU");
+    matmul_kernel(kernel(isa, w.dtype, exact), w, x, n, out);
+}
+
+fn dtype_index(d: DType) -> usize {
+    DType::ALL
+        .iter()
+        .position(|&x| x == d)
+        .expect("DType::ALL lists every format")
+}
+
+fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
     let k = w.row_len();
     let m = w.n_rows();
-    debug_assert_eq!(x.len(), n * k);
-    debug_assert_eq!(out.len(), n * m);
-    // Chunks of output rows per task: big enough to amortise scheduling, small enough to balance.
-    let chunk = (m / (threads() * 8)).clamp(1, 256);
     let dtype = w.dtype;
-    let rb = w.row_bytes();
+    assert_eq!(x.len(), n * k, "matmul: activation length");
+    assert_eq!(out.len(), n * m, "matmul: output length");
+    let rb = dtype
+        .bytes_for(k)
+        .expect("weight rows are whole blocks (checked at load)");
     let data = w.data();
-    let mut tmp: Vec<f32> = vec![0.0; n * m];
-    // tmp is laid out [m, n] so each task writes a contiguous slab.
-    tmp.par_chunks_mut(chunk * n)
-        .enumerate()
-        .for_each(|(ci, slab)| {
-            let r0 = ci * chunk;
-            for (ri, dst) in slab.chunks_mut(n).enumerate() {
-                let r = r0 + ri;
-                let row = &data[r * rb..(r + 1) * rb];
-                for (t, d) in dst.iter_mut().enumerate() {
-                    *d = crate::quant::dot_row(dtype, row, &x[t * k..(t + 1) * k])
-                        .expect("weight rows are whole blocks (checked at load)");
-                }
-            }
-        });
-    for r in 0..m {
-        for t in 0..n {
-            out[t * m + r] = tmp[r * n + t];
-        }
+    assert_eq!(data.len(), m * rb, "matmul: weight bytes");
+    if n == 0 || m == 0 {
+        return;
     }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let (xp, xs): (*const u8, usize) = match kern.act {
+        Act::F32 => (x.as_ptr() as *const u8, 4 * k),
+        Act::Quant(ad) | Act::QuantDeq(ad) => {
+            let qb = ad
+                .bytes_for(k)
+                .expect("8-bit blocks match the weight blocks");
+            // Q8_1 rows for the integer kernels carry one f32 per block after the blocks:
+            // d·Σq, exactly (ggml's f16 `s` field rounds it).
+            let sums = matches!(kern.act, Act::Quant(DType::Q8_1));
+            let qs = if sums { qb + 4 * (k / 32) } else { qb };
+            qbuf.resize(n * qs, 0);
+            quantize_rows(ad, x, k, qb, qs, &mut qbuf);
+            if let Act::QuantDeq(_) = kern.act {
+                dbuf.resize(n * k, 0.0);
+                for (q, d) in qbuf.chunks(qs).zip(dbuf.chunks_mut(k)) {
+                    quant::dequantize_row(ad, &q[..qb], d).expect("sizes checked above");
+                }
+                (dbuf.as_ptr() as *const u8, 4 * k)
+            } else {
+                (qbuf.as_ptr(), qs)
+            }
+        }
+    };
+    let wp = SendPtr(data.as_ptr() as *mut u8);
+    let xp = SendPtr(xp as *mut u8);
+    let op = SendPtr(out.as_mut_ptr());
+    let chunk = m.div_ceil(threads() * 4).max(TILE_ROWS);
+    let f = kern.f;
+    parallel_for(m, chunk, &|range| {
+        let (wp, xp, op) = (&wp, &xp, &op);
+        let mut r0 = range.start;
+        while r0 < range.end {
+            let rows = TILE_ROWS.min(range.end - r0);
+            let mut t0 = 0;
+            while t0 < n {
+                let nx = 4.min(n - t0);
+                // SAFETY: rows r0..r0+rows of the weights (m·rb bytes checked above) and
+                // activation rows t0..t0+nx (n rows of xs bytes, built above) are in bounds;
+                // out[t·m + r] for these r belongs to this task alone (parallel_for hands out
+                // disjoint ranges); `kern` was built for this dtype on an available ISA.
+                unsafe {
+                    let a = MatArgs {
+                        dtype,
+                        w: wp.0.add(r0 * rb),
+                        w_stride: rb,
+                        rows,
+                        x: xp.0.add(t0 * xs),
+                        x_stride: xs,
+                        nx,
+                        k,
+                        out: op.0.add(t0 * m + r0),
+                        out_stride: m,
+                    };
+                    f(&a);
+                }
+                t0 += nx;
+            }
+            r0 += rows;
+        }
+    });
+    QBUF.with(|b| *b.borrow_mut() = qbuf);
+    DBUF.with(|b| *b.borrow_mut() = dbuf);
+}
+
+/// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of
+/// `qs` bytes (`qb` of blocks, then for Q8_1 the f32 block sums), in parallel for many rows.
+fn quantize_rows(ad: DType, x: &[f32], k: usize, qb: usize, qs: usize, q: &mut [u8]) {
+    let one = |xr: &[f32], qr: &mut [u8]| {
+        let (blocks, sums) = qr.split_at_mut(qb);
+        quant::quantize_row(ad, xr, blocks).expect("sizes checked by the caller");
+        if !sums.is_empty() {
+            for (b, s) in blocks.chunks(36).zip(sums.chunks_mut(4)) {
+                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                let sq: i32 = b[4..].iter().map(|&v| i32::from(v as i8)).sum();
+                s.copy_from_slice(&(d * sq as f32).to_ne_bytes());
+            }
+        }
+    };
+    let n = x.len() / k;
+    if n < 8 {
+        for (xr, qr) in x.chunks(k).zip(q.chunks_mut(qs)) {
+            one(xr, qr);
+        }
+        return;
+    }
+    let qp = SendPtr(q.as_mut_ptr());
+    parallel_for(n, 4, &|range| {
+        let qp = &qp;
+        for t in range {
+            // SAFETY: row t's bytes lie inside `q` and no other task touches them.
+            let qr = unsafe { std::slice::from_raw_parts_mut(qp.0.add(t * qs), qs) };
+            one(&x[t * k..(t + 1) * k], qr);
+        }
+    });
 }
 
 /// RMSNorm over each row of `x` (length `w.len()`), in place: x * rsqrt(mean(x²) + eps) * w.
@@ -143,3 +562,6 @@ impl Rope {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

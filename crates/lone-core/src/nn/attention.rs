@@ -1,8 +1,6 @@
 //! Grouped-query causal attention with RoPE, optional per-head q/k RMSNorm, optional
 //! sliding window, over the per-sequence KV cache.
 
-use rayon::prelude::*;
-
 use super::{Linear, RmsNorm, Row};
 use crate::cache::{LayerCache, SeqCache};
 use crate::error::Result;
@@ -136,19 +134,23 @@ impl Attention {
                 );
             }
             let caches_ro: &[SeqCache] = caches;
-            ctx[start * qd..end * qd]
-                .par_chunks_mut(qd)
-                .enumerate()
-                .for_each(|(ii, out)| {
+            let slots: Vec<std::sync::Mutex<&mut [f32]>> = ctx[start * qd..end * qd]
+                .chunks_mut(qd)
+                .map(std::sync::Mutex::new)
+                .collect();
+            kernels::parallel_for(end - start, 1, &|range| {
+                for ii in range {
                     let i = start + ii;
                     let r = rows[i];
+                    let mut out = slots[ii].lock().unwrap();
                     self.attend(
                         &q[i * qd..(i + 1) * qd],
                         &caches_ro[r.seq].layers[layer],
                         r.pos,
-                        out,
+                        &mut out,
                     );
-                });
+                }
+            });
             start = end;
         }
         if let Some(g) = &self.gate {

@@ -27,6 +27,7 @@ fn half_at(b: &[u8], at: usize) -> f32 {
     f16_to_f32([b[at], b[at + 1]])
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q2_k(b: &[u8; 84], y: &mut [f32; QK_K]) {
     let scales = &b[0..16];
     let d = half_at(b, 80);
@@ -61,6 +62,7 @@ fn q3_k_scales(sc: &[u8]) -> [i8; 16] {
     out
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
     let hmask = &b[0..32];
     let qs = &b[32..96];
@@ -87,7 +89,7 @@ pub(crate) fn dequant_q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
 /// Scale and min `j` (0..8) of Q4_K/Q5_K, 6 bits each, from the 12 packed bytes
 /// (ggml's `get_scale_min_k4`).
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -98,6 +100,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q4_k(b: &[u8; 144], y: &mut [f32; QK_K]) {
     let d = half_at(b, 0);
     let dmin = half_at(b, 2);
@@ -116,6 +119,7 @@ pub(crate) fn dequant_q4_k(b: &[u8; 144], y: &mut [f32; QK_K]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q5_k(b: &[u8; 176], y: &mut [f32; QK_K]) {
     let d = half_at(b, 0);
     let dmin = half_at(b, 2);
@@ -136,6 +140,7 @@ pub(crate) fn dequant_q5_k(b: &[u8; 176], y: &mut [f32; QK_K]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q6_k(b: &[u8; 210], y: &mut [f32; QK_K]) {
     let ql = &b[0..128];
     let qh = &b[128..192];
@@ -159,6 +164,7 @@ pub(crate) fn dequant_q6_k(b: &[u8; 210], y: &mut [f32; QK_K]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q8_k(b: &[u8; 292], y: &mut [f32; QK_K]) {
     let d = f32_from_le(&[b[0], b[1], b[2], b[3]]);
     for (out, &q) in y.iter_mut().zip(&b[4..260]) {

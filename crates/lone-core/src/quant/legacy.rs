@@ -25,6 +25,7 @@ fn half_at(b: &[u8], at: usize) -> f32 {
 
 // ---------------------------------------------------------------- dequantization
 
+#[inline(always)]
 pub(crate) fn dequant_q4_0(b: &[u8; 18], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     let qs = &b[2..18];
@@ -34,6 +35,7 @@ pub(crate) fn dequant_q4_0(b: &[u8; 18], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q4_1(b: &[u8; 20], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     let m = half_at(b, 2);
@@ -55,6 +57,7 @@ fn q5(qh: u32, qs: &[u8], j: usize) -> u8 {
     lo | ((((qh >> j) & 1) as u8) << 4)
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q5_0(b: &[u8; 22], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
@@ -64,6 +67,7 @@ pub(crate) fn dequant_q5_0(b: &[u8; 22], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q5_1(b: &[u8; 24], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     let m = half_at(b, 2);
@@ -74,6 +78,7 @@ pub(crate) fn dequant_q5_1(b: &[u8; 24], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequant_q8_0(b: &[u8; 34], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     for (out, &q) in y.iter_mut().zip(&b[2..34]) {
@@ -83,6 +88,7 @@ pub(crate) fn dequant_q8_0(b: &[u8; 34], y: &mut [f32; QK]) {
 
 /// Q8_1 is the activation side of Q4_1/Q5_1 dot products; ggml never dequantizes it, but the
 /// value of element `j` is plainly `qs[j]·d` (`s` is redundant).
+#[inline(always)]
 pub(crate) fn dequant_q8_1(b: &[u8; 36], y: &mut [f32; QK]) {
     let d = half_at(b, 0);
     for (out, &q) in y.iter_mut().zip(&b[4..36]) {

@@ -1,0 +1,175 @@
+//! Every kernel family × format × mode against the scalar reference, over odd shapes.
+
+use super::*;
+use crate::quant::{dequantize_row, quantize_row};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+const FORMATS: [DType; 13] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+/// Random blocks with finite, moderate scales (the quant bytes stay random).
+fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
+    let n = rows * k;
+    let mut w: Vec<u8> = (0..dtype.bytes_for(n).unwrap())
+        .map(|_| rng.next() as u8)
+        .collect();
+    let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let bb = dtype.block_bytes();
+    for (i, b) in w.chunks_mut(bb).enumerate() {
+        let v = 0.01 * ((i % 13) as f32 + 1.0);
+        match dtype {
+            DType::F32 => b[3] &= 0xbf,
+            DType::F16 | DType::BF16 => b[1] &= 0xbf,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => b[0..2].copy_from_slice(&half(v)),
+            DType::Q4_1 | DType::Q5_1 => {
+                b[0..2].copy_from_slice(&half(v));
+                b[2..4].copy_from_slice(&half(-v * 7.0));
+            }
+            DType::Q2K => {
+                b[80..82].copy_from_slice(&half(v));
+                b[82..84].copy_from_slice(&half(v / 2.0));
+            }
+            DType::Q3K => b[108..110].copy_from_slice(&half(v)),
+            DType::Q4K | DType::Q5K => {
+                b[0..2].copy_from_slice(&half(v));
+                b[2..4].copy_from_slice(&half(v / 2.0));
+            }
+            DType::Q6K => b[208..210].copy_from_slice(&half(v)),
+            _ => unreachable!(),
+        }
+    }
+    w
+}
+
+/// The activations a kernel effectively multiplies: `x` itself, or its 8-bit blocks
+/// dequantized in fast mode.
+fn effective_x(dtype: DType, exact: bool, x: &[f32], k: usize) -> Vec<f32> {
+    match act_format(dtype) {
+        Some(ad) if !exact => {
+            let mut out = vec![0.0; x.len()];
+            for (xr, o) in x.chunks(k).zip(out.chunks_mut(k)) {
+                let mut q = vec![0u8; ad.bytes_for(k).unwrap()];
+                quantize_row(ad, xr, &mut q).unwrap();
+                dequantize_row(ad, &q, o).unwrap();
+            }
+            out
+        }
+        _ => x.to_vec(),
+    }
+}
+
+fn check(isa: Isa, exact: bool, dtype: DType, m: usize, k: usize, n: usize, rng: &mut Rng) {
+    let wb = random_weights(rng, dtype, m, k);
+    let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+    let w = Tensor::from_bytes(dtype, vec![m, k], wb);
+    let mut out = vec![f32::NAN; n * m];
+    matmul_with(isa, exact, &w, &x, n, &mut out);
+    let xe = effective_x(dtype, exact, &x, k);
+    let mut wrow = vec![0.0f32; k];
+    for r in 0..m {
+        w.row_to_f32(r, &mut wrow);
+        let wmax = wrow.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;
+        for t in 0..n {
+            let xr = &xe[t * k..(t + 1) * k];
+            let exact_dot: f64 = wrow
+                .iter()
+                .zip(xr)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            // f32 rounding of the sums, and of the dequantized weights themselves (d·q - m
+            // rounds relative to |d·q| + |m| ≤ 2·max|w| per element).
+            let mag: f64 = wrow
+                .iter()
+                .zip(xr)
+                .map(|(&a, &b)| (a.abs() as f64 + 2.0 * wmax) * b.abs() as f64)
+                .sum();
+            let tol = (k as f64 + 8.0) * f32::EPSILON as f64 * mag + 1e-30;
+            let got = out[t * m + r] as f64;
+            assert!(
+                (got - exact_dot).abs() <= tol,
+                "{isa:?} exact={exact} {dtype} m={m} k={k} n={n} row {r} act {t}: \
+                 {got} vs {exact_dot} (tol {tol:e})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_kernel_matches_the_reference_on_odd_shapes() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for isa in Isa::available() {
+        for dtype in FORMATS {
+            let ks: Vec<usize> = if dtype.is_quantized() {
+                (1..=3).map(|b| b * dtype.block_size()).collect()
+            } else {
+                vec![1, 3, 17, 32, 67, 200]
+            };
+            for exact in [false, true] {
+                for &k in &ks {
+                    for m in [1usize, 3, 17] {
+                        for n in 1..=9 {
+                            check(isa, exact, dtype, m, k, n, &mut rng);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn many_rows_split_over_threads() {
+    let mut rng = Rng(99);
+    for isa in Isa::available() {
+        for dtype in FORMATS {
+            let k = 2 * dtype.block_size().max(64);
+            for exact in [false, true] {
+                check(isa, exact, dtype, 301, k, 5, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn detected_isa_is_available() {
+    assert!(isa().is_available());
+    eprintln!("kernels: {:?}, available {:?}", isa(), Isa::available());
+}
+
+#[test]
+fn exact_scope_overrides_this_thread_only() {
+    let before = exact();
+    {
+        let _g = exact_scope(!before);
+        assert_eq!(exact(), !before);
+        std::thread::spawn(move || assert_eq!(exact(), before))
+            .join()
+            .unwrap();
+    }
+    assert_eq!(exact(), before);
+}

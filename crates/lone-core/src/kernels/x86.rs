@@ -1,0 +1,758 @@
+//! x86-64 kernels: AVX2+FMA+F16C, and AVX-512 (F/BW/VL + VNNI).
+//!
+//! Every kernel body is written once, generic over
+//! - an f32 vector width ([`V8`] = `__m256`, [`V16`] = `__m512`) for the float / exact paths, and
+//! - an 8-bit dot product ([`Maddubs`] = AVX2 `vpmaddubsw`+`vpmaddwd`, [`Vnni`] = AVX-512 VNNI
+//!   `vpdpbusd`/`vpdpwssd` on 256-bit registers) for the integer path,
+//!
+//! and instantiated inside `#[target_feature]` entry points (bottom of the file), into which
+//! the `#[inline(always)]` bodies and intrinsics are inlined. The integer kernels stay 256-bit
+//! at the AVX-512 level: one 32-element block is one register, and decode is bandwidth-bound.
+//!
+//! All functions here are `unsafe`: they read through the raw pointers of a [`MatArgs`], whose
+//! validity the caller (`kernels::matmul_with`) establishes, and they must only run on a CPU
+//! with the named features (the dispatcher checks with `is_x86_feature_detected!`).
+
+// The kernels walk several small arrays (accumulators, activation pointers, sums) in lockstep
+// over constant ranges that the compiler unrolls; index loops say that most plainly.
+#![allow(clippy::needless_range_loop)]
+
+use core::arch::x86_64::*;
+
+use super::MatArgs;
+use crate::quant::reference_blocks as rb;
+
+// ------------------------------------------------------------------ f32 vectors
+
+pub(super) trait F32V: Copy {
+    const LANES: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn load_f16(p: *const u8) -> Self;
+    unsafe fn load_bf16(p: *const u8) -> Self;
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// `LANES` signed bytes at `p`, converted to f32.
+    unsafe fn from_i8(p: *const i8) -> Self;
+    unsafe fn hsum(self) -> f32;
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct V8(__m256);
+#[derive(Clone, Copy)]
+pub(super) struct V16(__m512);
+
+impl F32V for V8 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        V8(_mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        V8(_mm256_loadu_ps(p))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u8) -> Self {
+        V8(_mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u8) -> Self {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        V8(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)))
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        V8(_mm256_fmadd_ps(a.0, b.0, c.0))
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        V8(_mm256_add_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        V8(_mm256_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        V8(_mm256_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn from_i8(p: *const i8) -> Self {
+        V8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            p as *const __m128i,
+        ))))
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        hsum256(self.0)
+    }
+}
+
+impl F32V for V16 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        V16(_mm512_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        V16(_mm512_loadu_ps(p))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u8) -> Self {
+        V16(_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u8) -> Self {
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        V16(_mm512_castsi512_ps(_mm512_slli_epi32(h, 16)))
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        V16(_mm512_fmadd_ps(a.0, b.0, c.0))
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        V16(_mm512_add_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        V16(_mm512_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        V16(_mm512_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn from_i8(p: *const i8) -> Self {
+        V16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            p as *const __m128i,
+        ))))
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        let lo = _mm512_castps512_ps256(self.0);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(self.0), 1));
+        hsum256(_mm256_add_ps(lo, hi))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// IEEE half at `p` (unaligned) → f32, with F16C.
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline(always)]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
+}
+
+#[inline(always)]
+unsafe fn i16_at(p: *const u8) -> i32 {
+    i32::from(i16::from_le_bytes([*p, *p.add(1)]))
+}
+
+// ------------------------------------------------------------------ float weights
+
+/// How a plain float weight format loads `V::LANES` elements.
+pub(super) trait FloatW {
+    const EB: usize;
+    unsafe fn load<V: F32V>(p: *const u8) -> V;
+    unsafe fn scalar(p: *const u8) -> f32;
+}
+pub(super) struct WF32;
+pub(super) struct WF16;
+pub(super) struct WBF16;
+impl FloatW for WF32 {
+    const EB: usize = 4;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load(p as *const f32)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f32_at(p)
+    }
+}
+impl FloatW for WF16 {
+    const EB: usize = 2;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load_f16(p)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f16_at(p)
+    }
+}
+impl FloatW for WBF16 {
+    const EB: usize = 2;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load_bf16(p)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f32::from_bits(u32::from(u16::from_le_bytes([*p, *p.add(1)])) << 16)
+    }
+}
+
+#[inline(always)]
+unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usize>(a: &MatArgs) {
+    let l = V::LANES;
+    let k = a.k;
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        let mut i = 0;
+        while i + 4 * l <= k {
+            for u in 0..4 {
+                let wv: V = W::load(w.add((i + u * l) * W::EB));
+                for t in 0..NX {
+                    acc[t][u] = V::fma(wv, V::load(xs[t].add(i + u * l)), acc[t][u]);
+                }
+            }
+            i += 4 * l;
+        }
+        while i + l <= k {
+            let wv: V = W::load(w.add(i * W::EB));
+            for t in 0..NX {
+                acc[t][0] = V::fma(wv, V::load(xs[t].add(i)), acc[t][0]);
+            }
+            i += l;
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            let mut s = s.hsum();
+            for j in i..k {
+                s += W::scalar(w.add(j * W::EB)) * *xs[t].add(j);
+            }
+            *a.out.add(t * a.out_stride + r) = s;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
+    match a.nx {
+        1 => float_rows_n::<V, W, 1>(a),
+        2 => float_rows_n::<V, W, 2>(a),
+        3 => float_rows_n::<V, W, 3>(a),
+        _ => float_rows_n::<V, W, 4>(a),
+    }
+}
+
+// ------------------------------------------------------------------ exact quantized weights
+
+#[repr(C, align(64))]
+struct Aligned<const N: usize>([f32; N]);
+
+/// Quantized weights against f32 activations: each block is dequantized bit-exactly (the
+/// reference dequantizer, inlined and vectorised here) into a stack buffer, then FMA'd with
+/// every activation row.
+#[inline(always)]
+unsafe fn exact_rows_n<V: F32V, const BB: usize, const BS: usize, const NX: usize>(
+    a: &MatArgs,
+    deq: impl Fn(&[u8; BB], &mut [f32; BS]),
+) {
+    let l = V::LANES;
+    let nb = a.k / BS;
+    let mut buf = Aligned::<BS>([0.0; BS]);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        for b in 0..nb {
+            deq(&*(w.add(b * BB) as *const [u8; BB]), &mut buf.0);
+            let mut u = 0;
+            let mut i = 0;
+            while i < BS {
+                let wv = V::load(buf.0.as_ptr().add(i));
+                for t in 0..NX {
+                    acc[t][u] = V::fma(wv, V::load(xs[t].add(b * BS + i)), acc[t][u]);
+                }
+                u = (u + 1) & 3;
+                i += l;
+            }
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            *a.out.add(t * a.out_stride + r) = s.hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_rows<V: F32V, const BB: usize, const BS: usize>(
+    a: &MatArgs,
+    deq: impl Fn(&[u8; BB], &mut [f32; BS]) + Copy,
+) {
+    match a.nx {
+        1 => exact_rows_n::<V, BB, BS, 1>(a, deq),
+        2 => exact_rows_n::<V, BB, BS, 2>(a, deq),
+        3 => exact_rows_n::<V, BB, BS, 3>(a, deq),
+        _ => exact_rows_n::<V, BB, BS, 4>(a, deq),
+    }
+}
+
+/// Exact mode for the 32-element formats, fully in SIMD: the block's quants are decoded to
+/// bytes (as the integer kernels do), widened to f32 and scaled exactly as the reference
+/// dequantizer does (`q·d`, or `q·d + m` as a separate multiply and add: bit-identical
+/// weights), then FMA'd with every f32 activation row.
+#[inline(always)]
+unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let l = V::LANES;
+    let nb = a.k / 32;
+    let mut qb = [0i8; 32];
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        for b in 0..nb {
+            let (q, d, m) = W::decode(w.add(b * W::BB));
+            _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
+            let (dv, mv) = (V::splat(d), V::splat(m));
+            let mut j = 0;
+            while j < 32 {
+                let mut wv = V::mul(V::from_i8(qb.as_ptr().add(j)), dv);
+                if !W::SIGNED {
+                    wv = V::add(wv, mv);
+                }
+                let u = (j / l) & 3;
+                for t in 0..NX {
+                    acc[t][u] = V::fma(wv, V::load(xs[t].add(b * 32 + j)), acc[t][u]);
+                }
+                j += l;
+            }
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            *a.out.add(t * a.out_stride + r) = s.hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
+    match a.nx {
+        1 => exact_legacy_rows_n::<V, W, 1>(a),
+        2 => exact_legacy_rows_n::<V, W, 2>(a),
+        3 => exact_legacy_rows_n::<V, W, 3>(a),
+        _ => exact_legacy_rows_n::<V, W, 4>(a),
+    }
+}
+
+// ------------------------------------------------------------------ integer dot products
+
+pub(super) trait IDot {
+    /// Per i32 lane: the sum of 4 products of unsigned bytes of `a` and signed bytes of `b`.
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i;
+    /// `acc + Σ (a·b pairs) · scale` with `scale` per i16 lane (pairs of bytes).
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i;
+}
+pub(super) struct Maddubs;
+pub(super) struct Vnni;
+impl IDot for Maddubs {
+    #[inline(always)]
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), scale))
+    }
+}
+impl IDot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+    }
+    #[inline(always)]
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(a, b), scale)
+    }
+}
+
+/// 32 nibbles of 16 bytes at `p`: low nibbles are elements 0..16, high nibbles 16..32.
+#[inline(always)]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `j` = 0x10 if bit `j` of the little-endian u32 at `p` is set, else 0.
+#[inline(always)]
+unsafe fn high_bits32(p: *const u8) -> __m256i {
+    let x = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// A 32-element weight block decoded to bytes: (quants, d, m). Signed formats give i8 quants
+/// and pair with Q8_0 activations; unsigned ones give u8 quants plus a min `m` and pair with
+/// Q8_1 activation rows followed by one f32 per block, d·Σq (ggml's f16 `s` field would
+/// round it; see `kernels::matmul_kernel`).
+pub(super) trait LegacyW {
+    const BB: usize;
+    const SIGNED: bool;
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32);
+}
+pub(super) struct WQ4_0;
+pub(super) struct WQ4_1;
+pub(super) struct WQ5_0;
+pub(super) struct WQ5_1;
+pub(super) struct WQ8_0;
+impl LegacyW for WQ4_0 {
+    const BB: usize = 18;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8));
+        (q, f16_at(p), 0.0)
+    }
+}
+impl LegacyW for WQ4_1 {
+    const BB: usize = 20;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        (nibbles32(p.add(4)), f16_at(p), f16_at(p.add(2)))
+    }
+}
+impl LegacyW for WQ5_0 {
+    const BB: usize = 22;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_or_si256(nibbles32(p.add(6)), high_bits32(p.add(2)));
+        (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), f16_at(p), 0.0)
+    }
+}
+impl LegacyW for WQ5_1 {
+    const BB: usize = 24;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_or_si256(nibbles32(p.add(8)), high_bits32(p.add(4)));
+        (q, f16_at(p), f16_at(p.add(2)))
+    }
+}
+impl LegacyW for WQ8_0 {
+    const BB: usize = 34;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        (
+            _mm256_loadu_si256(p.add(2) as *const __m256i),
+            f16_at(p),
+            0.0,
+        )
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
+    // Q8_0: d, qs at 2 (34 bytes); Q8_1: d, s, qs at 4 (36 bytes).
+    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut accm = [0.0f32; NX];
+        for b in 0..nb {
+            let (q, dw, mw) = W::decode(w.add(b * W::BB));
+            let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+            for t in 0..NX {
+                let xb = xs[t].add(b * xbb);
+                let xv = _mm256_loadu_si256(xb.add(xq) as *const __m256i);
+                let s = if W::SIGNED {
+                    D::dot(aq, _mm256_sign_epi8(xv, q))
+                } else {
+                    D::dot(aq, xv)
+                };
+                let d = _mm256_set1_ps(dw * f16_at(xb));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
+                if !W::SIGNED {
+                    // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
+                    accm[t] += mw * (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]) + accm[t];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
+    match a.nx {
+        1 => legacy_rows_n::<D, W, 1>(a),
+        2 => legacy_rows_n::<D, W, 2>(a),
+        3 => legacy_rows_n::<D, W, 3>(a),
+        _ => legacy_rows_n::<D, W, 4>(a),
+    }
+}
+
+// ------------------------------------------------------------------ K-quants × Q8_K
+//
+// Q8_K block (292 bytes): d:f32 @0, qs:[i8;256] @4, bsums:[i16;16] @260 (sums of 16 quants).
+
+/// Q4_K/Q5_K: 8 six-bit scales and mins from the 12 packed bytes at `p`.
+#[inline(always)]
+unsafe fn scales_mins_k4(p: *const u8) -> ([i16; 8], [i16; 8]) {
+    let q = &*(p as *const [u8; 12]);
+    let mut sc = [0i16; 8];
+    let mut mn = [0i16; 8];
+    for j in 0..8 {
+        let (s, m) = rb::scale_min_k4(j, q);
+        sc[j] = i16::from(s);
+        mn[j] = i16::from(m);
+    }
+    (sc, mn)
+}
+
+/// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
+/// qh[32], qs[128]).
+#[inline(always)]
+unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
+    let bb = if FIVE { 176 } else { 144 };
+    let qs_off = if FIVE { 48 } else { 16 };
+    let nb = a.k / 256;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut accm = [0.0f32; NX];
+        for b in 0..nb {
+            let wb = w.add(b * bb);
+            let d = f16_at(wb);
+            let dmin = f16_at(wb.add(2));
+            let (sc, mn) = scales_mins_k4(wb.add(4));
+            let qh = if FIVE {
+                _mm256_loadu_si256(wb.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut sumi = [_mm256_setzero_si256(); NX];
+            for i in 0..4 {
+                let q = _mm256_loadu_si256(wb.add(qs_off + 32 * i) as *const __m256i);
+                let mut lo = _mm256_and_si256(q, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if FIVE {
+                    // Bit (2i) / (2i+1) of qh byte l is bit 4 of element l of the sub-block.
+                    let s0 = _mm_cvtsi32_si128(2 * i as i32);
+                    let s1 = _mm_cvtsi32_si128(2 * i as i32 + 1);
+                    let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, s0), one);
+                    let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), one);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+                }
+                let s_lo = _mm256_set1_epi16(sc[2 * i]);
+                let s_hi = _mm256_set1_epi16(sc[2 * i + 1]);
+                for t in 0..NX {
+                    let xq = xs[t].add(b * 292 + 4 + 64 * i);
+                    let x0 = _mm256_loadu_si256(xq as *const __m256i);
+                    let x1 = _mm256_loadu_si256(xq.add(32) as *const __m256i);
+                    sumi[t] = D::dot_scaled(sumi[t], lo, x0, s_lo);
+                    sumi[t] = D::dot_scaled(sumi[t], hi, x1, s_hi);
+                }
+            }
+            for t in 0..NX {
+                let xb = xs[t].add(b * 292);
+                let dx = f32_at(xb);
+                let mut summ = 0i32;
+                for j in 0..8 {
+                    let bs = i16_at(xb.add(260 + 4 * j)) + i16_at(xb.add(262 + 4 * j));
+                    summ += i32::from(mn[j]) * bs;
+                }
+                let dd = _mm256_set1_ps(d * dx);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), dd, acc[t]);
+                accm[t] -= dmin * dx * summ as f32;
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]) + accm[t];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q45k_rows<D: IDot, const FIVE: bool>(a: &MatArgs) {
+    match a.nx {
+        1 => q45k_rows_n::<D, FIVE, 1>(a),
+        2 => q45k_rows_n::<D, FIVE, 2>(a),
+        3 => q45k_rows_n::<D, FIVE, 3>(a),
+        _ => q45k_rows_n::<D, FIVE, 4>(a),
+    }
+}
+
+/// Q6_K (210 bytes: ql[128], qh[64], scales:[i8;16], d).
+#[inline(always)]
+unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let wb = w.add(b * 210);
+            let d = f16_at(wb.add(208));
+            let sc: [i8; 16] = *(wb.add(192) as *const [i8; 16]);
+            let mut sumi = [_mm256_setzero_si256(); NX];
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(wb.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(wb.add(128 + 32 * h) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
+                    ),
+                ];
+                for (rq, &qv) in q.iter().enumerate() {
+                    let g = 8 * h + 2 * rq;
+                    let scv = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(sc[g + 1])),
+                        _mm_set1_epi16(i16::from(sc[g])),
+                    );
+                    for t in 0..NX {
+                        let xq = xs[t].add(b * 292 + 4 + 128 * h + 32 * rq);
+                        let xv = _mm256_loadu_si256(xq as *const __m256i);
+                        sumi[t] = D::dot_scaled(sumi[t], qv, xv, scv);
+                    }
+                }
+            }
+            for t in 0..NX {
+                let xb = xs[t].add(b * 292);
+                let dx = f32_at(xb);
+                // The -32 offset of every quant: Σ_g scale_g · Σ x (group g of 16).
+                let mut summs = 0i32;
+                for (g, &s) in sc.iter().enumerate() {
+                    summs += i32::from(s) * i16_at(xb.add(260 + 2 * g));
+                }
+                let s =
+                    _mm256_sub_epi32(sumi[t], _mm256_setr_epi32(32 * summs, 0, 0, 0, 0, 0, 0, 0));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[t]);
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q6k_rows<D: IDot>(a: &MatArgs) {
+    match a.nx {
+        1 => q6k_rows_n::<D, 1>(a),
+        2 => q6k_rows_n::<D, 2>(a),
+        3 => q6k_rows_n::<D, 3>(a),
+        _ => q6k_rows_n::<D, 4>(a),
+    }
+}
+
+// ------------------------------------------------------------------ entry points
+
+macro_rules! entry {
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(a: &MatArgs) {
+            $body(a)
+        }
+    };
+}
+
+macro_rules! level {
+    ($m:ident, $features:literal, $V:ty, $D:ty) => {
+        pub(crate) mod $m {
+            use super::*;
+            entry!(f32, $features, float_rows::<$V, WF32>);
+            entry!(f16, $features, float_rows::<$V, WF16>);
+            entry!(bf16, $features, float_rows::<$V, WBF16>);
+            entry!(exact_q4_0, $features, exact_legacy_rows::<$V, WQ4_0>);
+            entry!(exact_q4_1, $features, exact_legacy_rows::<$V, WQ4_1>);
+            entry!(exact_q5_0, $features, exact_legacy_rows::<$V, WQ5_0>);
+            entry!(exact_q5_1, $features, exact_legacy_rows::<$V, WQ5_1>);
+            entry!(exact_q8_0, $features, exact_legacy_rows::<$V, WQ8_0>);
+            entry!(exact_q2_k, $features, |a| exact_rows::<$V, 84, 256>(
+                a,
+                rb::dequant_q2_k
+            ));
+            entry!(exact_q3_k, $features, |a| exact_rows::<$V, 110, 256>(
+                a,
+                rb::dequant_q3_k
+            ));
+            entry!(exact_q4_k, $features, |a| exact_rows::<$V, 144, 256>(
+                a,
+                rb::dequant_q4_k
+            ));
+            entry!(exact_q5_k, $features, |a| exact_rows::<$V, 176, 256>(
+                a,
+                rb::dequant_q5_k
+            ));
+            entry!(exact_q6_k, $features, |a| exact_rows::<$V, 210, 256>(
+                a,
+                rb::dequant_q6_k
+            ));
+            entry!(q4_0, $features, legacy_rows::<$D, WQ4_0>);
+            entry!(q4_1, $features, legacy_rows::<$D, WQ4_1>);
+            entry!(q5_0, $features, legacy_rows::<$D, WQ5_0>);
+            entry!(q5_1, $features, legacy_rows::<$D, WQ5_1>);
+            entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
+            entry!(q4_k, $features, q45k_rows::<$D, false>);
+            entry!(q5_k, $features, q45k_rows::<$D, true>);
+            entry!(q6_k, $features, q6k_rows::<$D>);
+        }
+    };
+}
+
+level!(avx2, "avx2,fma,f16c", V8, Maddubs);
+level!(
+    avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    V16,
+    Vnni
+);
