@@ -19,12 +19,15 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(cmd::run::RunArgs),
+    /// Measure speed: prefill/decode tok/s, cold start, peak RSS (like llama-bench).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

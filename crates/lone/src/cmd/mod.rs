@@ -1,2 +1,4 @@
+pub mod bench;
+mod bench_suite;
 pub mod common;
 pub mod run;
