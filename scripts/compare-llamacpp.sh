@@ -5,6 +5,7 @@
 #
 # Settings (environment):
 #   THREADS=2  PROMPTS=128,512  GEN=64  REPS=3  ROUNDS=1   (ROUNDS > 1: lone, llama, lone, llama …)
+#   LONE_REPS, LLAMA_REPS   per-engine repetitions (default REPS)
 #   MODELS_FILTER=regex   only files whose path matches (e.g. 'LFM2-350M|Qwen2.5-0.5B')
 #   DATE=YYYY-MM-DD       names the output (default today)
 #   LONE=path/to/lone     (default: builds target/release/lone)
@@ -24,6 +25,8 @@ THREADS="${THREADS:-2}"
 PROMPTS="${PROMPTS:-128,512}"
 GEN="${GEN:-64}"
 REPS="${REPS:-3}"
+LONE_REPS="${LONE_REPS:-$REPS}"
+LLAMA_REPS="${LLAMA_REPS:-$REPS}"
 ROUNDS="${ROUNDS:-1}"
 DATE="${DATE:-$(date +%F)}"
 ROOT="${LONE_BENCH_MODELS:-$HOME/.cache/lone/bench}"
@@ -51,14 +54,16 @@ if [ -n "${MODELS_FILTER:-}" ]; then
 fi
 [ ${#files[@]} -gt 0 ] || { echo "no GGUF files (make them with scripts/make-bench-models.sh)" >&2; exit 1; }
 
+TIME=""; [ -x /usr/bin/time ] && TIME="/usr/bin/time -f LLAMA_TIME_WALL=%e,CPU=%U+%S"
 RAW="docs/perf/raw-$DATE"
 rm -rf "$RAW"; mkdir -p "$RAW"
 step() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # Machine and settings.
-"$PY" - "$RAW/machine.json" "$THREADS" "$PROMPTS" "$GEN" "$REPS" "$ROUNDS" "$DATE" "$LLAMA_BENCH" <<'EOF'
+"$PY" - "$RAW/machine.json" "$THREADS" "$PROMPTS" "$GEN" "$LONE_REPS,$LLAMA_REPS" "$ROUNDS" "$DATE" "$LLAMA_BENCH" <<'EOF'
 import json, subprocess, sys
 out, threads, prompts, gen, reps, rounds, date, lb = sys.argv[1:]
+lone_reps, llama_reps = (int(x) for x in reps.split(","))
 def sh(*c):
     try: return subprocess.run(c, capture_output=True, text=True, timeout=30).stdout.strip()
     except Exception: return ""
@@ -76,7 +81,8 @@ json.dump({"date": date, "cpu": ls.get("Model name", "?"), "threads": int(thread
            "mem_total_gib": round(int(mem) / 2**20, 1), "kernel": sh("uname", "-r"),
            "lone_git": sh("git", "rev-parse", "--short", "HEAD") + ("-dirty" if sh("git", "status", "--porcelain", "--untracked-files=no") else ""),
            "llama_bench": lb, "llama_cpp_version": sh(lb, "--version") or "",
-           "settings": {"prompts": prompts, "gen": gen, "reps": int(reps), "rounds": int(rounds)}},
+           "settings": {"prompts": prompts, "gen": gen, "lone_reps": lone_reps, "llama_reps": llama_reps,
+                        "rounds": int(rounds)}},
           open(out, "w"), indent=1)
 EOF
 
@@ -91,10 +97,12 @@ for f in "${files[@]}"; do
   tag="${model}__${quant}"
   for r in $(seq 1 "$ROUNDS"); do
     t=$(date +%s)
-    "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$REPS" --json \
+    "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LONE_REPS" --json \
       > "$RAW/$tag.lone.$r.jsonl" 2> "$RAW/$tag.lone.$r.err" || { step "lone failed on $f"; cat "$RAW/$tag.lone.$r.err" >&2; }
     t2=$(date +%s)
-    "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$REPS" -o json \
+    # /usr/bin/time: the whole process's CPU share, to compare with lone's cpu_s / wall_s.
+    cat /proc/loadavg > "$RAW/$tag.llama.$r.load"
+    $TIME "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LLAMA_REPS" -o json \
       > "$RAW/$tag.llama.$r.json" 2> "$RAW/$tag.llama.$r.err" || { step "llama-bench failed on $f"; tail -5 "$RAW/$tag.llama.$r.err" >&2; }
     step "$model $quant round $r: lone $((t2 - t)) s, llama.cpp $(( $(date +%s) - t2 )) s"
   done

@@ -61,6 +61,9 @@ def collect(raw: Path, out: Path) -> None:
             elif "samples_ts" in r:
                 x = row(model, quant, r["test"])
                 x["lone_samples_ts"] += r["samples_ts"]
+                if r.get("wall_s"):
+                    x.setdefault("lone_cpu_share", []).append(r["cpu_s"] / r["wall_s"])
+                    x.setdefault("loadavg_1m", []).append(r.get("loadavg_1m"))
                 x["lone_peak_rss_bytes"] = max(x.get("lone_peak_rss_bytes", 0), r.get("peak_rss_bytes", 0))
     for f in sorted(raw.glob("*.llama.*.json")):
         model, quant = f.name.split(".llama.")[0].split("__")
@@ -69,8 +72,22 @@ def collect(raw: Path, out: Path) -> None:
         except json.JSONDecodeError:
             print(f"warning: cannot parse {f}", file=sys.stderr)
             continue
+        # CPU share of the whole llama-bench process (from /usr/bin/time, if it ran under it).
+        share = None
+        err = f.with_suffix(".err")
+        if err.exists():
+            for line in err.read_text(errors="replace").splitlines():
+                if line.startswith("LLAMA_TIME_WALL="):
+                    wall, cpu = line.split("=", 1)[1].split(",CPU=")
+                    u, sy = cpu.split("+")
+                    share = (float(u) + float(sy)) / max(float(wall), 1e-9)
+        load = f.with_suffix(".load")
         for r in data:
             x = row(model, quant, test_name(r["n_prompt"], r["n_gen"]))
+            if share is not None:
+                x.setdefault("llama_process_cpu_share", []).append(share)
+            if load.exists():
+                x.setdefault("loadavg_1m", []).append(float(load.read_text().split()[0]))
             x["llama_samples_ts"] += r["samples_ts"]
             x["llama_model_type"] = r.get("model_type")
             x["llama_build"] = r.get("build_commit")
@@ -119,13 +136,21 @@ def fmt(x, nd=2) -> str:
 def table(path: Path) -> None:
     doc = json.loads(path.read_text())
     print(f"Read bandwidth (lone bench --membw, best): {fmt(doc['membw_best_gbs'])} GB/s\n")
-    print("| model | quant | size MiB | test | lone t/s | llama.cpp t/s | lone / llama.cpp | decode ceiling t/s |")
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    print("| model | quant | size MiB | test | lone t/s | llama.cpp t/s | lone / llama.cpp | decode ceiling t/s "
+          "| CPUs used lone / llama.cpp | load avg |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def avg(xs):
+        xs = [x for x in xs or [] if x is not None]
+        return statistics.fmean(xs) if xs else None
+
     for r in doc["results"]:
         size = r.get("size_bytes")
         print(f"| {r['model']} | {r['quant']} | {fmt(size / 2**20 if size else None, 0)} | {r['test']} | "
               f"{fmt(r['lone_ts'])} ± {fmt(r['lone_sd'])} | {fmt(r['llama_ts'])} ± {fmt(r['llama_sd'])} | "
-              f"{fmt(r['ratio'], 3)} | {fmt(r.get('ceiling_ts'), 1)} |")
+              f"{fmt(r['ratio'], 3)} | {fmt(r.get('ceiling_ts'), 1)} | "
+              f"{fmt(avg(r.get('lone_cpu_share')), 1)} / {fmt(avg(r.get('llama_process_cpu_share')), 1)} | "
+              f"{fmt(avg(r.get('loadavg_1m')), 1)} |")
     cold = [r for r in doc["results"] if r.get("lone_cold_start") and r["test"].startswith("tg")]
     if cold:
         print("\nlone cold start (page cache warm: the file was just read by the previous run):\n")

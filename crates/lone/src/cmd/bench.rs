@@ -305,6 +305,30 @@ fn model_info(model: &Model, path: &Path) -> Info {
     }
 }
 
+/// CPU seconds (user + system) this process has used, from /proc/self/stat (USER_HZ = 100 on
+/// Linux); 0 elsewhere. With the wall time it shows how much of the machine a test got.
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the command name: state is field 3; utime, stime are fields 14, 15.
+            let ut: f64 = f.get(11)?.parse().ok()?;
+            let st: f64 = f.get(12)?.parse().ok()?;
+            Some((ut + st) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The 1-minute load average (others' work on a shared machine skews every timing).
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// splitmix64: reproducible random token ids without a dependency.
 struct Rng(u64);
 
@@ -408,6 +432,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "start_to_first_token_s": t_first,
         "first_prompt_tokens": first_prompt.len(),
         "rss_after_load_bytes": rss_after_load,
+        "loadavg_1m": loadavg(),
     });
     if out.json {
         out.record(&info, cold)?;
@@ -431,10 +456,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 time_prefill(&model, &tokens[..n.min(WARMUP_PROMPT)])?;
             }
             let mut secs = Vec::with_capacity(reps);
+            let cpu0 = cpu_seconds();
             for _ in 0..reps {
                 secs.push(time_prefill(&model, &tokens)?);
             }
-            report(&mut out, &info, &format!("pp{n}"), n, 0, &secs)?;
+            let cpu = cpu_seconds() - cpu0;
+            report(&mut out, &info, &format!("pp{n}"), n, 0, &secs, cpu)?;
         }
         for &n in a.gen_tokens.iter().filter(|&&n| n > 0) {
             if n + 1 >= ctx {
@@ -445,10 +472,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 time_decode(&model, first, n.min(WARMUP_GEN))?;
             }
             let mut secs = Vec::with_capacity(reps);
+            let cpu0 = cpu_seconds();
             for _ in 0..reps {
                 secs.push(time_decode(&model, first, n)?);
             }
-            report(&mut out, &info, &format!("tg{n}"), 0, n, &secs)?;
+            let cpu = cpu_seconds() - cpu0;
+            report(&mut out, &info, &format!("tg{n}"), 0, n, &secs, cpu)?;
         }
     }
 
@@ -482,6 +511,7 @@ fn report(
     n_prompt: usize,
     n_gen: usize,
     secs: &[f64],
+    cpu_s: f64,
 ) -> Result<()> {
     let n = (n_prompt + n_gen) as f64;
     let rates: Vec<f64> = secs.iter().map(|s| n / s.max(1e-12)).collect();
@@ -498,6 +528,9 @@ fn report(
                 "samples_ts": rates,
                 "avg_ts": st.mean,
                 "stddev_ts": st.stddev,
+                "cpu_s": cpu_s,
+                "wall_s": secs.iter().sum::<f64>(),
+                "loadavg_1m": loadavg(),
             }),
         )
     } else {
