@@ -10,6 +10,8 @@
 #   DATE=YYYY-MM-DD       names the output (default today)
 #   LONE=path/to/lone     (default: builds target/release/lone)
 #   LLAMA_BENCH=path      (default: ~/.cache/llama.cpp-0c1e570/bin/llama-bench)
+#   NICE=-10              run both engines under `nice -n $NICE` (root: a shared machine's other
+#                         work then takes less of the CPU from the measured runs)
 #
 # For each file: `lone bench --json -t T -p P -n N -r R` then `llama-bench -m FILE -t T -p P -n N
 # -r R -o json`, ROUNDS times. The machine's read bandwidth is measured with
@@ -55,6 +57,7 @@ fi
 [ ${#files[@]} -gt 0 ] || { echo "no GGUF files (make them with scripts/make-bench-models.sh)" >&2; exit 1; }
 
 TIME=""; [ -x /usr/bin/time ] && TIME="/usr/bin/time -f LLAMA_TIME_WALL=%e,CPU=%U+%S"
+PRIO=(); [ -n "${NICE:-}" ] && PRIO=(nice -n "$NICE")
 RAW="docs/perf/raw-$DATE"
 rm -rf "$RAW"; mkdir -p "$RAW"
 step() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -65,7 +68,9 @@ import json, subprocess, sys
 out, threads, prompts, gen, reps, rounds, date, lb = sys.argv[1:]
 lone_reps, llama_reps = (int(x) for x in reps.split(","))
 def sh(*c):
-    try: return subprocess.run(c, capture_output=True, text=True, timeout=30).stdout.strip()
+    try:
+        p = subprocess.run(c, capture_output=True, text=True, timeout=30)
+        return (p.stdout.strip() or p.stderr.strip())
     except Exception: return ""
 ls = {}
 for line in sh("lscpu").splitlines():
@@ -80,34 +85,32 @@ json.dump({"date": date, "cpu": ls.get("Model name", "?"), "threads": int(thread
            "simd": [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx"))],
            "mem_total_gib": round(int(mem) / 2**20, 1), "kernel": sh("uname", "-r"),
            "lone_git": sh("git", "rev-parse", "--short", "HEAD") + ("-dirty" if sh("git", "status", "--porcelain", "--untracked-files=no") else ""),
-           "llama_bench": lb, "llama_cpp_version": sh(lb, "--version") or "",
-           "settings": {"prompts": prompts, "gen": gen, "lone_reps": lone_reps, "llama_reps": llama_reps,
+           "llama_bench": lb, "llama_cpp_version": " ".join(sh(lb, "--version").split("\n")[:2]),
+           "nice": __import__("os").environ.get("NICE"), "settings": {"prompts": prompts, "gen": gen, "lone_reps": lone_reps, "llama_reps": llama_reps,
                         "rounds": int(rounds)}},
           open(out, "w"), indent=1)
 EOF
 
 T0=$(date +%s)
 step "read bandwidth ($THREADS threads)"
-"$LONE" bench --membw --threads "$THREADS" --json > "$RAW/membw-before.jsonl"
+"${PRIO[@]}" "$LONE" bench --membw --threads "$THREADS" --json > "$RAW/membw-before.jsonl"
 for f in "${files[@]}"; do
   base=$(basename "$f" .gguf)
-  model="${base%-*}"; quant="${base##*-}"
-  # names like LFM2-350M-Q4_K_M: the quant is the part after the model name
-  case "$base" in *-Q4_K_M|*-Q5_K_M|*-Q3_K_M|*-Q4_K_S|*-Q5_K_S) model="${base%-*-*}"; quant="${base#"$model"-}";; esac
+  model="${base%-*}"; quant="${base##*-}"   # <model>-<QUANT>.gguf, e.g. LFM2-350M-Q4_K_M
   tag="${model}__${quant}"
   for r in $(seq 1 "$ROUNDS"); do
     t=$(date +%s)
-    "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LONE_REPS" --json \
+    "${PRIO[@]}" "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LONE_REPS" --json \
       > "$RAW/$tag.lone.$r.jsonl" 2> "$RAW/$tag.lone.$r.err" || { step "lone failed on $f"; cat "$RAW/$tag.lone.$r.err" >&2; }
     t2=$(date +%s)
     # /usr/bin/time: the whole process's CPU share, to compare with lone's cpu_s / wall_s.
     cat /proc/loadavg > "$RAW/$tag.llama.$r.load"
-    $TIME "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LLAMA_REPS" -o json \
+    "${PRIO[@]}" $TIME "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LLAMA_REPS" -o json \
       > "$RAW/$tag.llama.$r.json" 2> "$RAW/$tag.llama.$r.err" || { step "llama-bench failed on $f"; tail -5 "$RAW/$tag.llama.$r.err" >&2; }
     step "$model $quant round $r: lone $((t2 - t)) s, llama.cpp $(( $(date +%s) - t2 )) s"
   done
 done
-"$LONE" bench --membw --threads "$THREADS" --json > "$RAW/membw-after.jsonl"
+"${PRIO[@]}" "$LONE" bench --membw --threads "$THREADS" --json > "$RAW/membw-after.jsonl"
 
 OUTJ="docs/perf/results-$DATE.json"
 "$PY" scripts/perf_report.py collect "$RAW" "$OUTJ" >&2
