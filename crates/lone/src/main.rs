@@ -24,6 +24,8 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Chat interactively, keeping the model and the conversation's cache loaded.
     Chat(cmd::chat::ChatArgs),
+    /// Measure speed: prefill/decode tok/s, cold start, peak RSS (like llama-bench).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() {
@@ -32,6 +34,7 @@ fn main() {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Chat(a) => cmd::chat::chat(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

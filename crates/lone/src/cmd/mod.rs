@@ -1,3 +1,5 @@
+pub mod bench;
+mod bench_suite;
 pub mod chat;
 pub mod common;
 pub mod run;

@@ -1,0 +1,721 @@
+//! `lone bench`: how fast the engine runs a model, measured the way llama-bench does.
+//!
+//! - `ppN`: prefill of N random valid token ids into a fresh cache (one `prefill` call, the
+//!   engine's own chunking), N / seconds.
+//! - `tgN`: decode: after a 1-token prompt (not timed), N steps of greedy pick + a 1-token
+//!   forward pass, N / seconds (llama-bench's `tg` also times N single-token decodes).
+//! - each test: a short warm-up run of the same kind (at most 32 prompt tokens / 4 decode
+//!   steps), then `--reps` timed runs; mean ± sample stddev of the per-run rates.
+//! - cold start, measured once before the tests: `lone bench` start → weights ready
+//!   (`Model::load`, memory-mapped; the page cache is left as it is) → tokenizer ready →
+//!   first token of a short chat prompt.
+//! - `--suite`: real chat prompts (`bench_suite.rs`), templated, greedy, up to
+//!   `--suite-max-tokens` new tokens each, stopping at EOS.
+//! - `--membw`: the machine's read bandwidth (no model): sums a buffer with N threads.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lone_core::generate::{generate, prefill, GenerateOptions};
+use lone_core::loader::WeightFiles;
+use lone_core::sampler::{Sampler, SamplingParams};
+use lone_core::text::TextIo;
+use lone_core::{Batch, Model};
+use serde_json::{json, Value};
+
+use super::bench_suite;
+use super::common;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// HF checkpoint directory or GGUF file (default: the default model from the setup step).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Prefill tests: prompt lengths, comma-separated (0 = none).
+    #[arg(long = "prompt-tokens", short = 'p', value_delimiter = ',', default_values_t = vec![128usize, 512])]
+    pub prompt_tokens: Vec<usize>,
+    /// Decode tests: tokens to generate, comma-separated (0 = none).
+    #[arg(long = "gen-tokens", short = 'n', value_delimiter = ',', default_values_t = vec![64usize])]
+    pub gen_tokens: Vec<usize>,
+    #[arg(long, short)]
+    pub threads: Option<usize>,
+    /// Timed runs per test (default 3; 1 with --suite).
+    #[arg(long, short)]
+    pub reps: Option<usize>,
+    /// Skip the warm-up run before each test.
+    #[arg(long)]
+    pub no_warmup: bool,
+    /// One JSON object per line (per test) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the chat prompt suite instead of the pp/tg tests.
+    #[arg(long)]
+    pub suite: bool,
+    /// New tokens per suite prompt (greedy, stops at EOS).
+    #[arg(long, default_value_t = 128)]
+    pub suite_max_tokens: usize,
+    /// Measure the machine's memory read bandwidth instead (no model needed).
+    #[arg(long)]
+    pub membw: bool,
+    /// Buffer size for --membw, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub membw_mib: usize,
+    /// Seed of the random prompt token ids.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+/// The warm-up before each test is a short run of the same kind: it touches every weight
+/// (page faults, caches, thread pool start) without doubling the cost of slow tests.
+const WARMUP_PROMPT: usize = 32;
+const WARMUP_GEN: usize = 4;
+
+/// What the table and the JSON lines say about the model and the machine.
+struct Info {
+    path: String,
+    name: String,
+    arch: &'static str,
+    quant: String,
+    size_bytes: u64,
+    params: u64,
+    bytes_per_token: u64,
+    cpu: String,
+    threads: usize,
+}
+
+impl Info {
+    fn json(&self) -> Value {
+        json!({
+            "engine": "lone",
+            "lone_version": env!("CARGO_PKG_VERSION"),
+            "model": self.path,
+            "model_name": self.name,
+            "arch": self.arch,
+            "quant": self.quant,
+            "size_bytes": self.size_bytes,
+            "params": self.params,
+            "weight_bytes_per_token": self.bytes_per_token,
+            "backend": "CPU",
+            "cpu": self.cpu,
+            "threads": self.threads,
+        })
+    }
+}
+
+/// Human or JSON-lines output.
+struct Out {
+    json: bool,
+    header_done: bool,
+}
+
+impl Out {
+    fn line(&mut self, s: &str) -> Result<()> {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "{s}")?;
+        o.flush()?;
+        Ok(())
+    }
+
+    fn record(&mut self, info: &Info, extra: Value) -> Result<()> {
+        let mut obj = info.json();
+        if let (Some(o), Value::Object(e)) = (obj.as_object_mut(), extra) {
+            o.extend(e);
+            o.insert("peak_rss_bytes".into(), json!(common::peak_rss_bytes()));
+        }
+        self.line(&obj.to_string())
+    }
+
+    fn test_row(&mut self, info: &Info, test: &str, rates: &Stats) -> Result<()> {
+        if !self.header_done {
+            self.line("| model | size | params | backend | threads | test | t/s |")?;
+            self.line("| --- | ---: | ---: | --- | ---: | ---: | ---: |")?;
+            self.header_done = true;
+        }
+        self.line(&format!(
+            "| {} | {} | {} | CPU | {} | {} | {:.2} ± {:.2} |",
+            info.name,
+            fmt_bytes(info.size_bytes),
+            fmt_params(info.params),
+            info.threads,
+            test,
+            rates.mean,
+            rates.stddev
+        ))
+    }
+}
+
+struct Stats {
+    mean: f64,
+    stddev: f64,
+}
+
+fn stats(xs: &[f64]) -> Stats {
+    let n = xs.len().max(1) as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let stddev = if xs.len() > 1 {
+        (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    Stats { mean, stddev }
+}
+
+fn fmt_bytes(b: u64) -> String {
+    let g = b as f64 / (1u64 << 30) as f64;
+    if g >= 1.0 {
+        format!("{g:.2} GiB")
+    } else {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn fmt_params(p: u64) -> String {
+    if p >= 1_000_000_000 {
+        format!("{:.2} B", p as f64 / 1e9)
+    } else {
+        format!("{:.2} M", p as f64 / 1e6)
+    }
+}
+
+/// llama.cpp's `llama_ftype` names (`general.file_type`).
+fn ftype_name(t: u64) -> Option<&'static str> {
+    Some(match t {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+/// A "2 threads"-free CPU name from /proc/cpuinfo.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Sizes and labels from the weight files: every tensor's stored bytes and element count;
+/// bytes read per decoded token = all tensors except the embedding table (one row is looked
+/// up) plus the matrix the lm_head matmul reads (the embedding when tied).
+fn model_info(model: &Model, path: &Path) -> Info {
+    // (name, bytes, elements, dtype name)
+    let mut tensors: Vec<(String, u64, u64, String)> = Vec::new();
+    let (embed_name, head_name, quant_meta) = match &model.weights.files {
+        WeightFiles::Gguf(g) => {
+            for t in &g.tensors {
+                tensors.push((
+                    t.name.clone(),
+                    t.len as u64,
+                    t.shape.iter().product::<usize>() as u64,
+                    t.dtype.name().to_string(),
+                ));
+            }
+            let q = g
+                .meta("general.file_type")
+                .and_then(|v| v.as_u64())
+                .and_then(ftype_name)
+                .map(str::to_string);
+            ("token_embd.weight", "output.weight", q)
+        }
+        WeightFiles::Safetensors(st) => {
+            for n in st.names() {
+                if let Some(t) = st.get(n) {
+                    tensors.push((
+                        n.to_string(),
+                        t.data().len() as u64,
+                        t.numel() as u64,
+                        t.dtype.name().to_string(),
+                    ));
+                }
+            }
+            ("model.embed_tokens.weight", "lm_head.weight", None)
+        }
+    };
+    let bytes_of = |name: &str| {
+        tensors
+            .iter()
+            .find(|t| t.0 == name)
+            .map(|t| t.1)
+            .unwrap_or(0)
+    };
+    let size_bytes: u64 = tensors.iter().map(|t| t.1).sum();
+    let params: u64 = tensors.iter().map(|t| t.2).sum();
+    let (embed, head) = (bytes_of(embed_name), bytes_of(head_name));
+    let head_used = if head > 0 && !model.cfg.tie_embeddings {
+        head
+    } else {
+        embed
+    };
+    let bytes_per_token = size_bytes - embed - head + head_used;
+    // Without a file type: the format holding the most bytes.
+    let quant = quant_meta.unwrap_or_else(|| {
+        let mut by: Vec<(String, u64)> = Vec::new();
+        for t in &tensors {
+            match by.iter_mut().find(|b| b.0 == t.3) {
+                Some(b) => b.1 += t.1,
+                None => by.push((t.3.clone(), t.1)),
+            }
+        }
+        by.sort_by_key(|b| std::cmp::Reverse(b.1));
+        by.first()
+            .map(|b| b.0.to_uppercase())
+            .unwrap_or_else(|| "?".into())
+    });
+    let arch = model.cfg.arch.name();
+    let label = if params >= 1_000_000_000 {
+        format!("{:.1}B", params as f64 / 1e9)
+    } else if params >= 10_000_000 {
+        format!("{}M", (params as f64 / 1e6).round())
+    } else {
+        format!("{:.2}M", params as f64 / 1e6)
+    };
+    Info {
+        path: path.display().to_string(),
+        name: format!("{arch} {label} {quant}"),
+        arch,
+        quant,
+        size_bytes,
+        params,
+        bytes_per_token,
+        cpu: cpu_model(),
+        threads: lone_core::kernels::threads(),
+    }
+}
+
+/// CPU seconds (user + system) this process has used, from /proc/self/stat (USER_HZ = 100 on
+/// Linux); 0 elsewhere. With the wall time it shows how much of the machine a test got.
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the command name: state is field 3; utime, stime are fields 14, 15.
+            let ut: f64 = f.get(11)?.parse().ok()?;
+            let st: f64 = f.get(12)?.parse().ok()?;
+            Some((ut + st) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The 1-minute load average (others' work on a shared machine skews every timing).
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// splitmix64: reproducible random token ids without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| (self.next() % vocab.max(1) as u64) as u32)
+            .collect()
+    }
+}
+
+/// Seconds to prefill `tokens` into a fresh cache.
+fn time_prefill(model: &Model, tokens: &[u32]) -> Result<f64> {
+    let mut cache = model.new_cache();
+    let t = Instant::now();
+    let logits = prefill(model, &mut cache, tokens, false)?;
+    let s = t.elapsed().as_secs_f64();
+    std::hint::black_box(logits);
+    Ok(s)
+}
+
+/// Seconds for `n` decode steps (greedy pick + 1-token forward) after a 1-token prompt.
+fn time_decode(model: &Model, first: u32, n: usize) -> Result<f64> {
+    let mut cache = model.new_cache();
+    let mut logits = prefill(model, &mut cache, &[first], false)?;
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let mut history = vec![first];
+    let t = Instant::now();
+    for _ in 0..n {
+        let tok = sampler.sample(&logits, &history);
+        history.push(tok);
+        let batch = Batch::for_sequence(0, cache.len(), &[tok], false);
+        logits = model
+            .forward(&batch, std::slice::from_mut(&mut cache))?
+            .logits;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let t_start = Instant::now();
+    if let Some(0) = a.reps {
+        bail!("--reps must be at least 1");
+    }
+    if a.membw {
+        return membw(&a);
+    }
+    let path = common::resolve_model(a.model.as_deref())?;
+    let model = common::load_model(&path, a.threads)?;
+    let t_weights = t_start.elapsed().as_secs_f64();
+    let rss_after_load = common::rss_bytes();
+    let text = match TextIo::load(&model, &path) {
+        Ok(t) => Some(t),
+        Err(e) if !a.suite => {
+            eprintln!("warning: no tokenizer ({e}); cold start uses a token id");
+            None
+        }
+        Err(e) => return Err(e).context("cannot load the tokenizer (needed by --suite)"),
+    };
+    let t_text = t_start.elapsed().as_secs_f64();
+    let vocab = model.cfg.vocab_size;
+    let ctx = model.cfg.max_position_embeddings;
+    let first_id = model.cfg.bos_token_id.filter(|&b| (b as usize) < vocab);
+
+    // First token of a short chat prompt.
+    let first_prompt: Vec<u32> = match &text {
+        Some(t) if t.template.is_some() => t.chat_prompt(None, "Hello!")?,
+        Some(t) => t.encode_raw("Hello!")?,
+        None => vec![first_id.unwrap_or(0)],
+    };
+    if first_prompt.is_empty() {
+        bail!("the cold-start prompt encodes to no tokens");
+    }
+    let t_pf = Instant::now();
+    let mut cache = model.new_cache();
+    let logits = prefill(&model, &mut cache, &first_prompt, false)?;
+    let first_tok = Sampler::new(SamplingParams::greedy()).sample(&logits, &first_prompt);
+    let first_token_s = t_pf.elapsed().as_secs_f64();
+    let t_first = t_start.elapsed().as_secs_f64();
+    std::hint::black_box(first_tok);
+    drop(cache);
+
+    let info = model_info(&model, &path);
+    let mut out = Out {
+        json: a.json,
+        header_done: false,
+    };
+    let cold = json!({
+        "test": "cold_start",
+        "load_s": t_weights,
+        "tokenizer_s": t_text - t_weights,
+        "first_token_s": first_token_s,
+        "start_to_first_token_s": t_first,
+        "first_prompt_tokens": first_prompt.len(),
+        "rss_after_load_bytes": rss_after_load,
+        "loadavg_1m": loadavg(),
+    });
+    if out.json {
+        out.record(&info, cold)?;
+    }
+
+    let warmup = !a.no_warmup;
+    let mut rng = Rng(a.seed);
+    if a.suite {
+        let Some(text) = &text else {
+            bail!("--suite needs a tokenizer");
+        };
+        suite(&model, text, &info, &a, &mut out)?;
+    } else {
+        let reps = a.reps.unwrap_or(3);
+        for &n in a.prompt_tokens.iter().filter(|&&n| n > 0) {
+            if n >= ctx {
+                bail!("pp{n}: the model's context holds {ctx} tokens");
+            }
+            let tokens = rng.tokens(n, vocab);
+            if warmup {
+                time_prefill(&model, &tokens[..n.min(WARMUP_PROMPT)])?;
+            }
+            let mut secs = Vec::with_capacity(reps);
+            let cpu0 = cpu_seconds();
+            for _ in 0..reps {
+                secs.push(time_prefill(&model, &tokens)?);
+            }
+            let cpu = cpu_seconds() - cpu0;
+            report(&mut out, &info, &format!("pp{n}"), n, 0, &secs, cpu)?;
+        }
+        for &n in a.gen_tokens.iter().filter(|&&n| n > 0) {
+            if n + 1 >= ctx {
+                bail!("tg{n}: the model's context holds {ctx} tokens");
+            }
+            let first = first_id.unwrap_or_else(|| rng.tokens(1, vocab)[0]);
+            if warmup {
+                time_decode(&model, first, n.min(WARMUP_GEN))?;
+            }
+            let mut secs = Vec::with_capacity(reps);
+            let cpu0 = cpu_seconds();
+            for _ in 0..reps {
+                secs.push(time_decode(&model, first, n)?);
+            }
+            let cpu = cpu_seconds() - cpu0;
+            report(&mut out, &info, &format!("tg{n}"), 0, n, &secs, cpu)?;
+        }
+    }
+
+    if !out.json {
+        out.line("")?;
+        out.line(&format!(
+            "cold start: weights ready {:.3} s (mmap, page cache as it was), tokenizer {:.3} s, \
+             first token {:.3} s ({} prompt tokens) → {:.3} s from start",
+            t_weights,
+            t_text - t_weights,
+            first_token_s,
+            first_prompt.len(),
+            t_first
+        ))?;
+        out.line(&format!(
+            "memory: RSS after load {}, peak RSS {}; {} ({} threads); {} weight bytes read per token",
+            fmt_bytes(rss_after_load),
+            fmt_bytes(common::peak_rss_bytes()),
+            info.cpu,
+            info.threads,
+            fmt_bytes(info.bytes_per_token)
+        ))?;
+    }
+    Ok(())
+}
+
+fn report(
+    out: &mut Out,
+    info: &Info,
+    test: &str,
+    n_prompt: usize,
+    n_gen: usize,
+    secs: &[f64],
+    cpu_s: f64,
+) -> Result<()> {
+    let n = (n_prompt + n_gen) as f64;
+    let rates: Vec<f64> = secs.iter().map(|s| n / s.max(1e-12)).collect();
+    let st = stats(&rates);
+    if out.json {
+        out.record(
+            info,
+            json!({
+                "test": test,
+                "n_prompt": n_prompt,
+                "n_gen": n_gen,
+                "reps": secs.len(),
+                "samples_s": secs,
+                "samples_ts": rates,
+                "avg_ts": st.mean,
+                "stddev_ts": st.stddev,
+                "cpu_s": cpu_s,
+                "wall_s": secs.iter().sum::<f64>(),
+                "loadavg_1m": loadavg(),
+            }),
+        )
+    } else {
+        out.test_row(info, test, &st)
+    }
+}
+
+fn suite(model: &Model, text: &TextIo, info: &Info, a: &BenchArgs, out: &mut Out) -> Result<()> {
+    let reps = a.reps.unwrap_or(1);
+    let opts = GenerateOptions {
+        max_new_tokens: a.suite_max_tokens,
+        eos_ids: text.eos_ids.clone(),
+        ignore_eos: false,
+        keep_logits: false,
+    };
+    let prompts: Vec<(&str, Vec<u32>)> = bench_suite::prompts()
+        .into_iter()
+        .map(|(name, p)| {
+            let ids = if text.template.is_some() {
+                text.chat_prompt(None, &p)?
+            } else {
+                text.encode_raw(&p)?
+            };
+            Ok((name, ids))
+        })
+        .collect::<Result<_>>()?;
+    if !a.no_warmup {
+        let mut cache = model.new_cache();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let w = GenerateOptions {
+            max_new_tokens: 4,
+            ..opts.clone()
+        };
+        generate(model, &mut cache, &prompts[0].1, &w, &mut sampler, |_| true)?;
+    }
+    if !out.json {
+        out.line(&format!(
+            "{} — chat suite, greedy, up to {} new tokens, {} run(s) each, {} threads\n",
+            info.name, a.suite_max_tokens, reps, info.threads
+        ))?;
+        out.line(
+            "| prompt | prompt tokens | new tokens | prefill t/s | decode t/s | TTFT s | total s |",
+        )?;
+        out.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+    }
+    let ctx = model.cfg.max_position_embeddings;
+    for (name, ids) in &prompts {
+        if ids.len() + a.suite_max_tokens > ctx {
+            let why = format!(
+                "{} prompt tokens + {} new tokens exceed the context ({ctx})",
+                ids.len(),
+                a.suite_max_tokens
+            );
+            if out.json {
+                out.record(
+                    info,
+                    json!({"test": format!("suite:{name}"), "prompt_tokens": ids.len(), "skipped": why}),
+                )?;
+            } else {
+                out.line(&format!(
+                    "| {name} | {} | skipped: {why} | | | | |",
+                    ids.len()
+                ))?;
+            }
+            continue;
+        }
+        let mut runs = Vec::new();
+        for _ in 0..reps {
+            let mut cache = model.new_cache();
+            let mut sampler = Sampler::new(SamplingParams::greedy());
+            let t = Instant::now();
+            let g = generate(model, &mut cache, ids, &opts, &mut sampler, |_| true)?;
+            let total = t.elapsed().as_secs_f64();
+            runs.push((g, total));
+        }
+        let pf: Vec<f64> = runs.iter().map(|r| r.0.prefill_tok_s()).collect();
+        let dc: Vec<f64> = runs.iter().map(|r| r.0.decode_tok_s()).collect();
+        let ttft: Vec<f64> = runs
+            .iter()
+            .map(|r| r.0.prefill_time.as_secs_f64())
+            .collect();
+        let total: Vec<f64> = runs.iter().map(|r| r.1).collect();
+        let new_tokens = runs.last().map_or(0, |r| r.0.tokens.len());
+        let finish = runs.last().map_or("length", |r| r.0.finish.as_str());
+        let (pf, dc, ttft, total) = (stats(&pf), stats(&dc), stats(&ttft), stats(&total));
+        if out.json {
+            out.record(
+                info,
+                json!({
+                    "test": format!("suite:{name}"),
+                    "prompt_tokens": ids.len(),
+                    "new_tokens": new_tokens,
+                    "finish_reason": finish,
+                    "reps": reps,
+                    "prefill_ts": pf.mean,
+                    "decode_ts": dc.mean,
+                    "ttft_s": ttft.mean,
+                    "total_s": total.mean,
+                    "stddev": {"prefill_ts": pf.stddev, "decode_ts": dc.stddev,
+                               "ttft_s": ttft.stddev, "total_s": total.stddev},
+                }),
+            )?;
+        } else {
+            out.line(&format!(
+                "| {name} | {} | {new_tokens} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                ids.len(),
+                pf.mean,
+                dc.mean,
+                ttft.mean,
+                total.mean
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Read bandwidth: each thread sums its share of a buffer (touched first so it is resident);
+/// one warm-up pass, then 5 timed passes.
+fn membw(a: &BenchArgs) -> Result<()> {
+    let threads = match a.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(t) => t,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    if a.membw_mib == 0 {
+        bail!("--membw-mib must be at least 1");
+    }
+    let n = a.membw_mib * (1 << 20) / 8;
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let chunk = n.div_ceil(threads);
+    let pass = || -> f64 {
+        let t = Instant::now();
+        let s: u64 = std::thread::scope(|sc| {
+            let hs: Vec<_> = buf
+                .chunks(chunk)
+                .map(|c| sc.spawn(move || sum_u64(c)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(s);
+        t.elapsed().as_secs_f64()
+    };
+    pass();
+    let reps = a.reps.unwrap_or(5);
+    let bytes = (n * 8) as f64;
+    let gbs: Vec<f64> = (0..reps).map(|_| bytes / pass() / 1e9).collect();
+    let best = gbs.iter().copied().fold(0.0, f64::max);
+    let st = stats(&gbs);
+    let cpu = cpu_model();
+    let mut o = std::io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "test": "membw",
+            "buffer_bytes": n * 8,
+            "threads": threads,
+            "reps": reps,
+            "samples_gbs": gbs,
+            "best_gbs": best,
+            "avg_gbs": st.mean,
+            "stddev_gbs": st.stddev,
+            "cpu": cpu,
+        });
+        writeln!(o, "{v}")?;
+    } else {
+        writeln!(
+            o,
+            "memory read bandwidth: {best:.2} GB/s best, {:.2} ± {:.2} GB/s mean ({} MiB, {threads} threads, {reps} passes; {cpu})",
+            st.mean, st.stddev, a.membw_mib
+        )?;
+    }
+    Ok(())
+}
+
+/// Sum with eight independent lanes so the compiler vectorises it and the loop is bound by
+/// memory, not by the add chain.
+fn sum_u64(s: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut it = s.chunks_exact(8);
+    for c in &mut it {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(x);
+        }
+    }
+    let rest = it.remainder().iter().fold(0u64, |a, &b| a.wrapping_add(b));
+    acc.iter().fold(rest, |a, &b| a.wrapping_add(b))
+}
