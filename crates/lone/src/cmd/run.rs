@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lone_core::generate::{generate, GenerateOptions};
-use lone_core::sampler::{Sampler, SamplingParams};
+use lone_core::sampler::Sampler;
 
 use super::common;
 use lone_core::text::TextIo;
@@ -30,23 +30,8 @@ pub struct RunArgs {
     pub system: Option<String>,
     #[arg(long, short = 'n', default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: common::SamplingArgs,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -77,17 +62,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repeat_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        seed: a.seed,
-        ..Default::default()
-    };
+    let params = a.sampling.params();
     params
         .validate(model.cfg.vocab_size)
         .context("bad sampling option")?;
