@@ -33,6 +33,7 @@ pub(super) trait F32V: Copy {
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
     unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
     unsafe fn splat(v: f32) -> Self;
     /// `LANES` signed bytes at `p`, converted to f32.
     unsafe fn from_i8(p: *const i8) -> Self;
@@ -74,6 +75,10 @@ impl F32V for V8 {
     #[inline(always)]
     unsafe fn mul(a: Self, b: Self) -> Self {
         V8(_mm256_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        V8(_mm256_sub_ps(a.0, b.0))
     }
     #[inline(always)]
     unsafe fn splat(v: f32) -> Self {
@@ -121,6 +126,10 @@ impl F32V for V16 {
     #[inline(always)]
     unsafe fn mul(a: Self, b: Self) -> Self {
         V16(_mm512_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        V16(_mm512_sub_ps(a.0, b.0))
     }
     #[inline(always)]
     unsafe fn splat(v: f32) -> Self {
@@ -353,6 +362,262 @@ unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
         2 => exact_legacy_rows_n::<V, W, 2>(a),
         3 => exact_legacy_rows_n::<V, W, 3>(a),
         _ => exact_legacy_rows_n::<V, W, 4>(a),
+    }
+}
+
+// ------------------------------------------------------------------ exact K-quants
+
+/// A 256-element K-quant super-block decoded for the exact kernels: its quants as bytes
+/// (each fits an i8) and, per group of `GROUP` elements, the f32 scale `ds` (and min `ms`)
+/// computed exactly as the reference dequantizer computes them, so that `q·ds - ms`
+/// (`HAS_MIN`) or `q·ds` reproduces the reference weights bit for bit.
+pub(super) trait KExactW {
+    const BB: usize;
+    const GROUP: usize;
+    const HAS_MIN: bool;
+    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]);
+}
+pub(super) struct XQ4K;
+pub(super) struct XQ5K;
+pub(super) struct XQ6K;
+
+/// Q4_K/Q5_K sub-block scales and mins: `d·sc` and `dmin·m` (the reference's `d1`, `m1`),
+/// into `ds[..8]` and `ms[..8]`. The 12 packed bytes are unpacked as ggml does (8 six-bit
+/// scales, then 8 six-bit mins; the same values as `scale_min_k4`), then widened and scaled
+/// in SIMD: one f32 multiply each, as in the reference.
+#[inline(always)]
+unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let d = f16_at(p);
+    let dmin = f16_at(p.add(2));
+    let q = p.add(4);
+    let u0 = (q as *const u32).read_unaligned();
+    let u1 = (q.add(4) as *const u32).read_unaligned();
+    let u2 = (q.add(8) as *const u32).read_unaligned();
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    let widen = |lo: u32, hi: u32| {
+        let v = (u64::from(hi) << 32) | u64::from(lo);
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
+    };
+    _mm256_storeu_ps(
+        ds.as_mut_ptr(),
+        _mm256_mul_ps(_mm256_set1_ps(d), widen(sc_lo, sc_hi)),
+    );
+    _mm256_storeu_ps(
+        ms.as_mut_ptr(),
+        _mm256_mul_ps(_mm256_set1_ps(dmin), widen(m_lo, m_hi)),
+    );
+}
+
+/// Q4_K/Q5_K quants: 32-byte chunk `i` of `qs` holds sub-block 2i (low nibbles) and 2i+1
+/// (high nibbles); Q5_K's bit 4 of element l of sub-block s is bit s of `qh[l]`.
+#[inline(always)]
+unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
+    let qs_off = if FIVE { 48 } else { 16 };
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let qh = if FIVE {
+        _mm256_loadu_si256(p.add(16) as *const __m256i)
+    } else {
+        _mm256_setzero_si256()
+    };
+    for i in 0..4 {
+        let v = _mm256_loadu_si256(p.add(qs_off + 32 * i) as *const __m256i);
+        let mut lo = _mm256_and_si256(v, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if FIVE {
+            let s0 = _mm_cvtsi32_si128(2 * i as i32);
+            let s1 = _mm_cvtsi32_si128(2 * i as i32 + 1);
+            let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, s0), one);
+            let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), one);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+        }
+        _mm256_storeu_si256(q.as_mut_ptr().add(64 * i) as *mut __m256i, lo);
+        _mm256_storeu_si256(q.as_mut_ptr().add(64 * i + 32) as *mut __m256i, hi);
+    }
+}
+
+impl KExactW for XQ4K {
+    const BB: usize = 144;
+    const GROUP: usize = 32;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+        k4_scales(p, ds, ms);
+        k45_quants::<false>(p, q);
+    }
+}
+impl KExactW for XQ5K {
+    const BB: usize = 176;
+    const GROUP: usize = 32;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+        k4_scales(p, ds, ms);
+        k45_quants::<true>(p, q);
+    }
+}
+impl KExactW for XQ6K {
+    const BB: usize = 210;
+    const GROUP: usize = 16;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], _ms: &mut [f32; 16]) {
+        let d = f16_at(p.add(208));
+        for g in 0..16 {
+            // The reference: d * sc * q, left to right, so (d·sc) first.
+            ds[g] = d * f32::from(*p.add(192 + g) as i8);
+        }
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m3 = _mm256_set1_epi8(3);
+        let off = _mm256_set1_epi8(32);
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let v = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
+                ),
+            ];
+            for (rq, &qv) in v.iter().enumerate() {
+                _mm256_storeu_si256(
+                    q.as_mut_ptr().add(128 * h + 32 * rq) as *mut __m256i,
+                    _mm256_sub_epi8(qv, off),
+                );
+            }
+        }
+    }
+}
+
+/// Exact mode for Q4_K, Q5_K and Q6_K in SIMD: each super-block's scales are decoded once,
+/// its quants unpacked to bytes, widened to f32 and scaled as the reference does (a multiply,
+/// then for Q4_K/Q5_K a separate subtract: bit-identical weights), then FMA'd with every f32
+/// activation row.
+#[inline(always)]
+unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: usize>(a: &MatArgs) {
+    let l = V::LANES;
+    let nb = a.k / 256;
+    let mut qb = [0i8; 256];
+    let mut ds = [0f32; 16];
+    let mut ms = [0f32; 16];
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        for b in 0..nb {
+            W::decode(w.add(b * W::BB), &mut qb, &mut ds, &mut ms);
+            for g in 0..256 / W::GROUP {
+                let dv = V::splat(ds[g]);
+                let mv = V::splat(ms[g]);
+                let mut j = g * W::GROUP;
+                while j < (g + 1) * W::GROUP {
+                    let mut wv = V::mul(V::from_i8(qb.as_ptr().add(j)), dv);
+                    if W::HAS_MIN {
+                        wv = V::sub(wv, mv);
+                    }
+                    let u = (j / l) & 3;
+                    for t in 0..NX {
+                        acc[t][u] = V::fma(wv, V::load(xs[t].add(b * 256 + j)), acc[t][u]);
+                    }
+                    j += l;
+                }
+            }
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            *a.out.add(t * a.out_stride + r) = s.hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_k_rows<V: F32V, W: KExactW>(a: &MatArgs) {
+    match a.nx {
+        1 => exact_k_rows_n::<V, W, 1>(a),
+        2 => exact_k_rows_n::<V, W, 2>(a),
+        3 => exact_k_rows_n::<V, W, 3>(a),
+        _ => exact_k_rows_n::<V, W, 4>(a),
+    }
+}
+
+/// AVX-512 exact Q4_K/Q5_K: each sub-block of 32 weights takes only 16 (Q4_K) or 32 (Q5_K)
+/// values, `d1·q - m1` for q = 0..16 (0..32), computed once per sub-block with the
+/// reference's operations (bit-identical) into one (two) registers, then looked up per
+/// element with `vpermps` (`vpermt2ps`) instead of a convert, multiply and subtract.
+#[inline(always)]
+unsafe fn exact_k45_lut_n<W: KExactW, const FIVE: bool, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let mut qb = [0i8; 256];
+    let mut ds = [0f32; 16];
+    let mut ms = [0f32; 16];
+    let iota0 = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
+    let iota1 = _mm512_add_ps(iota0, _mm512_set1_ps(16.0));
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm512_setzero_ps(); 2]; NX];
+        for b in 0..nb {
+            W::decode(w.add(b * W::BB), &mut qb, &mut ds, &mut ms);
+            for s in 0..8 {
+                let dv = _mm512_set1_ps(ds[s]);
+                let mv = _mm512_set1_ps(ms[s]);
+                let t0 = _mm512_sub_ps(_mm512_mul_ps(iota0, dv), mv);
+                let t1 = if FIVE {
+                    _mm512_sub_ps(_mm512_mul_ps(iota1, dv), mv)
+                } else {
+                    t0
+                };
+                for h in 0..2 {
+                    let j = 32 * s + 16 * h;
+                    let idx =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(qb.as_ptr().add(j) as *const __m128i));
+                    let wv = if FIVE {
+                        _mm512_permutex2var_ps(t0, idx, t1)
+                    } else {
+                        _mm512_permutexvar_ps(idx, t0)
+                    };
+                    for t in 0..NX {
+                        acc[t][h] =
+                            _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[t].add(b * 256 + j)), acc[t][h]);
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(acc[t][0], acc[t][1])).hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_k45_lut<W: KExactW, const FIVE: bool>(a: &MatArgs) {
+    match a.nx {
+        1 => exact_k45_lut_n::<W, FIVE, 1>(a),
+        2 => exact_k45_lut_n::<W, FIVE, 2>(a),
+        3 => exact_k45_lut_n::<W, FIVE, 3>(a),
+        _ => exact_k45_lut_n::<W, FIVE, 4>(a),
     }
 }
 
@@ -706,7 +971,7 @@ macro_rules! entry {
 }
 
 macro_rules! level {
-    ($m:ident, $features:literal, $V:ty, $D:ty) => {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $q4k:expr, $q5k:expr) => {
         pub(crate) mod $m {
             use super::*;
             entry!(f32, $features, float_rows::<$V, WF32>);
@@ -725,18 +990,9 @@ macro_rules! level {
                 a,
                 rb::dequant_q3_k
             ));
-            entry!(exact_q4_k, $features, |a| exact_rows::<$V, 144, 256>(
-                a,
-                rb::dequant_q4_k
-            ));
-            entry!(exact_q5_k, $features, |a| exact_rows::<$V, 176, 256>(
-                a,
-                rb::dequant_q5_k
-            ));
-            entry!(exact_q6_k, $features, |a| exact_rows::<$V, 210, 256>(
-                a,
-                rb::dequant_q6_k
-            ));
+            entry!(exact_q4_k, $features, $q4k);
+            entry!(exact_q5_k, $features, $q5k);
+            entry!(exact_q6_k, $features, exact_k_rows::<$V, XQ6K>);
             entry!(q4_0, $features, legacy_rows::<$D, WQ4_0>);
             entry!(q4_1, $features, legacy_rows::<$D, WQ4_1>);
             entry!(q5_0, $features, legacy_rows::<$D, WQ5_0>);
@@ -749,10 +1005,19 @@ macro_rules! level {
     };
 }
 
-level!(avx2, "avx2,fma,f16c", V8, Maddubs);
+level!(
+    avx2,
+    "avx2,fma,f16c",
+    V8,
+    Maddubs,
+    exact_k_rows::<V8, XQ4K>,
+    exact_k_rows::<V8, XQ5K>
+);
 level!(
     avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     V16,
-    Vnni
+    Vnni,
+    exact_k45_lut::<XQ4K, false>,
+    exact_k45_lut::<XQ5K, true>
 );
