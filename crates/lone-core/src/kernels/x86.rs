@@ -621,6 +621,71 @@ unsafe fn exact_k45_lut<W: KExactW, const FIVE: bool>(a: &MatArgs) {
     }
 }
 
+/// AVX-512 exact Q4_K, as [`exact_k45_lut_n`] but straight from the packed bytes: `vpermps`
+/// reads only the low 4 bits of each index, so the zero-extended `qs` bytes index the low
+/// nibbles as they are, and shifted right by 4 the high nibbles.
+#[inline(always)]
+unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let mut ds = [0f32; 16];
+    let mut ms = [0f32; 16];
+    let iota = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm512_setzero_ps(); 2]; NX];
+        for b in 0..nb {
+            let wb = w.add(b * 144);
+            k4_scales(wb, &mut ds, &mut ms);
+            for i in 0..4 {
+                let raw: [__m512i; 2] = core::array::from_fn(|h| {
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                        wb.add(16 + 32 * i + 16 * h) as *const __m128i
+                    ))
+                });
+                for hi in 0..2 {
+                    let s = 2 * i + hi;
+                    let table = _mm512_sub_ps(
+                        _mm512_mul_ps(iota, _mm512_set1_ps(ds[s])),
+                        _mm512_set1_ps(ms[s]),
+                    );
+                    for h in 0..2 {
+                        let idx = if hi == 1 {
+                            _mm512_srli_epi32(raw[h], 4)
+                        } else {
+                            raw[h]
+                        };
+                        let wv = _mm512_permutexvar_ps(idx, table);
+                        let j = 32 * s + 16 * h;
+                        for t in 0..NX {
+                            acc[t][h] = _mm512_fmadd_ps(
+                                wv,
+                                _mm512_loadu_ps(xs[t].add(b * 256 + j)),
+                                acc[t][h],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(acc[t][0], acc[t][1])).hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_q4k_lut(a: &MatArgs) {
+    match a.nx {
+        1 => exact_q4k_lut_n::<1>(a),
+        2 => exact_q4k_lut_n::<2>(a),
+        3 => exact_q4k_lut_n::<3>(a),
+        _ => exact_q4k_lut_n::<4>(a),
+    }
+}
+
 // ------------------------------------------------------------------ integer dot products
 
 pub(super) trait IDot {
@@ -1018,6 +1083,6 @@ level!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     V16,
     Vnni,
-    exact_k45_lut::<XQ4K, false>,
+    exact_q4k_lut,
     exact_k45_lut::<XQ5K, true>
 );
