@@ -635,7 +635,7 @@ unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
-        let mut acc = [[_mm512_setzero_ps(); 2]; NX];
+        let mut acc = [[_mm512_setzero_ps(); 4]; NX];
         for b in 0..nb {
             let wb = w.add(b * 144);
             k4_scales(wb, &mut ds, &mut ms);
@@ -659,11 +659,12 @@ unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
                         };
                         let wv = _mm512_permutexvar_ps(idx, table);
                         let j = 32 * s + 16 * h;
+                        let u = 2 * hi + h;
                         for t in 0..NX {
-                            acc[t][h] = _mm512_fmadd_ps(
+                            acc[t][u] = _mm512_fmadd_ps(
                                 wv,
                                 _mm512_loadu_ps(xs[t].add(b * 256 + j)),
-                                acc[t][h],
+                                acc[t][u],
                             );
                         }
                     }
@@ -671,7 +672,9 @@ unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
             }
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(acc[t][0], acc[t][1])).hsum();
+            let s01 = _mm512_add_ps(acc[t][0], acc[t][1]);
+            let s23 = _mm512_add_ps(acc[t][2], acc[t][3]);
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(s01, s23)).hsum();
         }
     }
 }
@@ -683,6 +686,76 @@ unsafe fn exact_q4k_lut(a: &MatArgs) {
         2 => exact_q4k_lut_n::<2>(a),
         3 => exact_q4k_lut_n::<3>(a),
         _ => exact_q4k_lut_n::<4>(a),
+    }
+}
+
+/// AVX-512 exact Q4_0/Q4_1: a block's 16 possible weights, `(q - 8)·d` (Q4_0) or `q·d + m`
+/// (Q4_1) for q = 0..16, computed with the reference's operations (bit-identical) into one
+/// register, then looked up by the packed nibbles (`vpermps` reads the low 4 bits of each
+/// zero-extended byte; shifted right by 4 for the high nibbles).
+#[inline(always)]
+unsafe fn exact_q4_lut_n<const ONE: bool, const NX: usize>(a: &MatArgs) {
+    let (bb, qoff) = if ONE { (20, 4) } else { (18, 2) };
+    let nb = a.k / 32;
+    let iota = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
+    let iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0));
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm512_setzero_ps(); 4]; NX];
+        // Two blocks per step, so that the accumulator indices are constants (registers).
+        macro_rules! block {
+            ($b:expr, $u0:expr) => {{
+                let b = $b;
+                let p = w.add(b * bb);
+                let d = _mm512_set1_ps(f16_at(p));
+                let table = if ONE {
+                    _mm512_add_ps(_mm512_mul_ps(iota, d), _mm512_set1_ps(f16_at(p.add(2))))
+                } else {
+                    _mm512_mul_ps(iota8, d)
+                };
+                let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(qoff) as *const __m128i));
+                let wv = [
+                    _mm512_permutexvar_ps(raw, table),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table),
+                ];
+                for h in 0..2 {
+                    for t in 0..NX {
+                        acc[t][$u0 + h] = _mm512_fmadd_ps(
+                            wv[h],
+                            _mm512_loadu_ps(xs[t].add(b * 32 + 16 * h)),
+                            acc[t][$u0 + h],
+                        );
+                    }
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= nb {
+            block!(b, 0);
+            block!(b + 1, 2);
+            b += 2;
+        }
+        if b < nb {
+            block!(b, 0);
+        }
+        for t in 0..NX {
+            let s01 = _mm512_add_ps(acc[t][0], acc[t][1]);
+            let s23 = _mm512_add_ps(acc[t][2], acc[t][3]);
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(s01, s23)).hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_q4_lut<const ONE: bool>(a: &MatArgs) {
+    match a.nx {
+        1 => exact_q4_lut_n::<ONE, 1>(a),
+        2 => exact_q4_lut_n::<ONE, 2>(a),
+        3 => exact_q4_lut_n::<ONE, 3>(a),
+        _ => exact_q4_lut_n::<ONE, 4>(a),
     }
 }
 
@@ -1036,14 +1109,14 @@ macro_rules! entry {
 }
 
 macro_rules! level {
-    ($m:ident, $features:literal, $V:ty, $D:ty, $q4k:expr, $q5k:expr) => {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $q40:expr, $q41:expr, $q4k:expr, $q5k:expr) => {
         pub(crate) mod $m {
             use super::*;
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
-            entry!(exact_q4_0, $features, exact_legacy_rows::<$V, WQ4_0>);
-            entry!(exact_q4_1, $features, exact_legacy_rows::<$V, WQ4_1>);
+            entry!(exact_q4_0, $features, $q40);
+            entry!(exact_q4_1, $features, $q41);
             entry!(exact_q5_0, $features, exact_legacy_rows::<$V, WQ5_0>);
             entry!(exact_q5_1, $features, exact_legacy_rows::<$V, WQ5_1>);
             entry!(exact_q8_0, $features, exact_legacy_rows::<$V, WQ8_0>);
@@ -1075,6 +1148,8 @@ level!(
     "avx2,fma,f16c",
     V8,
     Maddubs,
+    exact_legacy_rows::<V8, WQ4_0>,
+    exact_legacy_rows::<V8, WQ4_1>,
     exact_k_rows::<V8, XQ4K>,
     exact_k_rows::<V8, XQ5K>
 );
@@ -1083,6 +1158,8 @@ level!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     V16,
     Vnni,
+    exact_q4_lut::<false>,
+    exact_q4_lut::<true>,
     exact_q4k_lut,
     exact_k45_lut::<XQ5K, true>
 );
