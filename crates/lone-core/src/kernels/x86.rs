@@ -759,6 +759,93 @@ unsafe fn exact_q4_lut<const ONE: bool>(a: &MatArgs) {
     }
 }
 
+/// AVX-512 exact Q6_K: the quants are unpacked to bytes in registers (32 at a time, as the
+/// integer kernel does), widened to f32 16 at a time and multiplied by `d·sc` (the
+/// reference's `d * sc * q`, left to right: bit-identical), then FMA'd.
+#[inline(always)]
+unsafe fn exact_q6k_512_n<const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    let off = _mm256_set1_epi8(32);
+    let mut ds = [0f32; 16];
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm512_setzero_ps(); 4]; NX];
+        for b in 0..nb {
+            let p = w.add(b * 210);
+            let d = _mm512_set1_ps(f16_at(p.add(208)));
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.add(192) as *const __m128i
+            )));
+            _mm512_storeu_ps(ds.as_mut_ptr(), _mm512_mul_ps(d, sc));
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
+                    ),
+                ];
+                for rq in 0..4 {
+                    let v = _mm256_sub_epi8(q[rq], off);
+                    for e in 0..2 {
+                        let x16 = if e == 0 {
+                            _mm256_castsi256_si128(v)
+                        } else {
+                            _mm256_extracti128_si256(v, 1)
+                        };
+                        let g = 8 * h + 2 * rq + e;
+                        let wv = _mm512_mul_ps(
+                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x16)),
+                            _mm512_set1_ps(ds[g]),
+                        );
+                        let u = 2 * (rq & 1) + e;
+                        let j = 128 * h + 32 * rq + 16 * e;
+                        for t in 0..NX {
+                            acc[t][u] = _mm512_fmadd_ps(
+                                wv,
+                                _mm512_loadu_ps(xs[t].add(b * 256 + j)),
+                                acc[t][u],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            let s01 = _mm512_add_ps(acc[t][0], acc[t][1]);
+            let s23 = _mm512_add_ps(acc[t][2], acc[t][3]);
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(s01, s23)).hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_q6k_512(a: &MatArgs) {
+    match a.nx {
+        1 => exact_q6k_512_n::<1>(a),
+        2 => exact_q6k_512_n::<2>(a),
+        3 => exact_q6k_512_n::<3>(a),
+        _ => exact_q6k_512_n::<4>(a),
+    }
+}
+
 // ------------------------------------------------------------------ integer dot products
 
 pub(super) trait IDot {
@@ -1109,7 +1196,7 @@ macro_rules! entry {
 }
 
 macro_rules! level {
-    ($m:ident, $features:literal, $V:ty, $D:ty, $q40:expr, $q41:expr, $q4k:expr, $q5k:expr) => {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $q40:expr, $q41:expr, $q4k:expr, $q5k:expr, $q6k:expr) => {
         pub(crate) mod $m {
             use super::*;
             entry!(f32, $features, float_rows::<$V, WF32>);
@@ -1130,7 +1217,7 @@ macro_rules! level {
             ));
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
-            entry!(exact_q6_k, $features, exact_k_rows::<$V, XQ6K>);
+            entry!(exact_q6_k, $features, $q6k);
             entry!(q4_0, $features, legacy_rows::<$D, WQ4_0>);
             entry!(q4_1, $features, legacy_rows::<$D, WQ4_1>);
             entry!(q5_0, $features, legacy_rows::<$D, WQ5_0>);
@@ -1151,7 +1238,8 @@ level!(
     exact_legacy_rows::<V8, WQ4_0>,
     exact_legacy_rows::<V8, WQ4_1>,
     exact_k_rows::<V8, XQ4K>,
-    exact_k_rows::<V8, XQ5K>
+    exact_k_rows::<V8, XQ5K>,
+    exact_k_rows::<V8, XQ6K>
 );
 level!(
     avx512,
@@ -1161,5 +1249,6 @@ level!(
     exact_q4_lut::<false>,
     exact_q4_lut::<true>,
     exact_q4k_lut,
-    exact_k45_lut::<XQ5K, true>
+    exact_k45_lut::<XQ5K, true>,
+    exact_q6k_512
 );
