@@ -355,6 +355,12 @@ unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const NX: usize>(a: &MatArgs)
     }
 }
 
+/// The AVX2 level's exact legacy kernels.
+#[inline(always)]
+unsafe fn exact_legacy8<W: LegacyW>(a: &MatArgs) {
+    exact_legacy_rows::<V8, W>(a)
+}
+
 #[inline(always)]
 unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
     match a.nx {
@@ -689,18 +695,119 @@ unsafe fn exact_q4k_lut(a: &MatArgs) {
     }
 }
 
-/// AVX-512 exact Q4_0/Q4_1: a block's 16 possible weights, `(q - 8)·d` (Q4_0) or `q·d + m`
-/// (Q4_1) for q = 0..16, computed with the reference's operations (bit-identical) into one
-/// register, then looked up by the packed nibbles (`vpermps` reads the low 4 bits of each
-/// zero-extended byte; shifted right by 4 for the high nibbles).
+/// A 32-element block's bit-exact weights, as two 16-lane registers, for the AVX-512 exact
+/// kernels. The 4- and 5-bit formats take only 16 or 32 distinct values per block: they are
+/// computed once with the reference's operations (`(q - 8)·d`, `q·d + m`, `(q - 16)·d`; a
+/// separate multiply and add, so bit-identical) into one or two registers and looked up per
+/// element with `vpermps`/`vpermt2ps`, which read only the low 4/5 bits of each index: the
+/// zero-extended packed bytes index the low nibbles as they are, the high nibbles shifted
+/// right by 4, and Q5's fifth bit is or-ed in under a mask made from `qh`.
+pub(super) trait Leg512 {
+    const BB: usize;
+    unsafe fn weights(p: *const u8) -> [__m512; 2];
+}
+impl Leg512 for WQ4_0 {
+    const BB: usize = 18;
+    #[inline(always)]
+    unsafe fn weights(p: *const u8) -> [__m512; 2] {
+        let table = _mm512_mul_ps(
+            _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0)),
+            _mm512_set1_ps(f16_at(p)),
+        );
+        let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
+        [
+            _mm512_permutexvar_ps(raw, table),
+            _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table),
+        ]
+    }
+}
+impl Leg512 for WQ4_1 {
+    const BB: usize = 20;
+    #[inline(always)]
+    unsafe fn weights(p: *const u8) -> [__m512; 2] {
+        let table = _mm512_add_ps(
+            _mm512_mul_ps(iota16(), _mm512_set1_ps(f16_at(p))),
+            _mm512_set1_ps(f16_at(p.add(2))),
+        );
+        let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(4) as *const __m128i));
+        [
+            _mm512_permutexvar_ps(raw, table),
+            _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table),
+        ]
+    }
+}
+/// Q5 indices: low nibbles | bit j of `qh` << 4, high nibbles | bit j+16 << 4.
 #[inline(always)]
-unsafe fn exact_q4_lut_n<const ONE: bool, const NX: usize>(a: &MatArgs) {
-    let (bb, qoff) = if ONE { (20, 4) } else { (18, 2) };
-    let nb = a.k / 32;
-    let iota = _mm512_setr_ps(
+unsafe fn q5_idx(qh: *const u8, qs: *const u8) -> [__m512i; 2] {
+    let h = (qh as *const u32).read_unaligned();
+    let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs as *const __m128i));
+    let lo = _mm512_and_si512(raw, _mm512_set1_epi32(0x0f));
+    let hi = _mm512_srli_epi32(raw, 4);
+    let b4 = _mm512_set1_epi32(0x10);
+    [
+        _mm512_mask_or_epi32(lo, h as u16, lo, b4),
+        _mm512_mask_or_epi32(hi, (h >> 16) as u16, hi, b4),
+    ]
+}
+impl Leg512 for WQ5_0 {
+    const BB: usize = 22;
+    #[inline(always)]
+    unsafe fn weights(p: *const u8) -> [__m512; 2] {
+        let d = _mm512_set1_ps(f16_at(p));
+        let t0 = _mm512_mul_ps(_mm512_sub_ps(iota16(), _mm512_set1_ps(16.0)), d);
+        let t1 = _mm512_mul_ps(iota16(), d);
+        let idx = q5_idx(p.add(2), p.add(6));
+        [
+            _mm512_permutex2var_ps(t0, idx[0], t1),
+            _mm512_permutex2var_ps(t0, idx[1], t1),
+        ]
+    }
+}
+impl Leg512 for WQ5_1 {
+    const BB: usize = 24;
+    #[inline(always)]
+    unsafe fn weights(p: *const u8) -> [__m512; 2] {
+        let d = _mm512_set1_ps(f16_at(p));
+        let m = _mm512_set1_ps(f16_at(p.add(2)));
+        let t0 = _mm512_add_ps(_mm512_mul_ps(iota16(), d), m);
+        let t1 = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_add_ps(iota16(), _mm512_set1_ps(16.0)), d),
+            m,
+        );
+        let idx = q5_idx(p.add(4), p.add(8));
+        [
+            _mm512_permutex2var_ps(t0, idx[0], t1),
+            _mm512_permutex2var_ps(t0, idx[1], t1),
+        ]
+    }
+}
+impl Leg512 for WQ8_0 {
+    const BB: usize = 34;
+    #[inline(always)]
+    unsafe fn weights(p: *const u8) -> [__m512; 2] {
+        let d = _mm512_set1_ps(f16_at(p));
+        let q = |o: usize| {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.add(2 + o) as *const __m128i
+            )))
+        };
+        [_mm512_mul_ps(q(0), d), _mm512_mul_ps(q(16), d)]
+    }
+}
+
+/// 0.0, 1.0, .., 15.0.
+#[inline(always)]
+unsafe fn iota16() -> __m512 {
+    _mm512_setr_ps(
         0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-    );
-    let iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0));
+    )
+}
+
+/// AVX-512 exact mode for the 32-element formats: [`Leg512`] weights FMA'd with every f32
+/// activation row, two blocks per step into 4 accumulator chains.
+#[inline(always)]
+unsafe fn exact_leg512_n<W: Leg512, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
@@ -709,18 +816,7 @@ unsafe fn exact_q4_lut_n<const ONE: bool, const NX: usize>(a: &MatArgs) {
         macro_rules! block {
             ($b:expr, $u0:expr) => {{
                 let b = $b;
-                let p = w.add(b * bb);
-                let d = _mm512_set1_ps(f16_at(p));
-                let table = if ONE {
-                    _mm512_add_ps(_mm512_mul_ps(iota, d), _mm512_set1_ps(f16_at(p.add(2))))
-                } else {
-                    _mm512_mul_ps(iota8, d)
-                };
-                let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(qoff) as *const __m128i));
-                let wv = [
-                    _mm512_permutexvar_ps(raw, table),
-                    _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table),
-                ];
+                let wv = W::weights(w.add(b * W::BB));
                 for h in 0..2 {
                     for t in 0..NX {
                         acc[t][$u0 + h] = _mm512_fmadd_ps(
@@ -750,12 +846,12 @@ unsafe fn exact_q4_lut_n<const ONE: bool, const NX: usize>(a: &MatArgs) {
 }
 
 #[inline(always)]
-unsafe fn exact_q4_lut<const ONE: bool>(a: &MatArgs) {
+unsafe fn exact_leg512<W: Leg512>(a: &MatArgs) {
     match a.nx {
-        1 => exact_q4_lut_n::<ONE, 1>(a),
-        2 => exact_q4_lut_n::<ONE, 2>(a),
-        3 => exact_q4_lut_n::<ONE, 3>(a),
-        _ => exact_q4_lut_n::<ONE, 4>(a),
+        1 => exact_leg512_n::<W, 1>(a),
+        2 => exact_leg512_n::<W, 2>(a),
+        3 => exact_leg512_n::<W, 3>(a),
+        _ => exact_leg512_n::<W, 4>(a),
     }
 }
 
@@ -1196,17 +1292,17 @@ macro_rules! entry {
 }
 
 macro_rules! level {
-    ($m:ident, $features:literal, $V:ty, $D:ty, $q40:expr, $q41:expr, $q4k:expr, $q5k:expr, $q6k:expr) => {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr) => {
         pub(crate) mod $m {
             use super::*;
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
-            entry!(exact_q4_0, $features, $q40);
-            entry!(exact_q4_1, $features, $q41);
-            entry!(exact_q5_0, $features, exact_legacy_rows::<$V, WQ5_0>);
-            entry!(exact_q5_1, $features, exact_legacy_rows::<$V, WQ5_1>);
-            entry!(exact_q8_0, $features, exact_legacy_rows::<$V, WQ8_0>);
+            entry!(exact_q4_0, $features, $leg::<WQ4_0>);
+            entry!(exact_q4_1, $features, $leg::<WQ4_1>);
+            entry!(exact_q5_0, $features, $leg::<WQ5_0>);
+            entry!(exact_q5_1, $features, $leg::<WQ5_1>);
+            entry!(exact_q8_0, $features, $leg::<WQ8_0>);
             entry!(exact_q2_k, $features, |a| exact_rows::<$V, 84, 256>(
                 a,
                 rb::dequant_q2_k
@@ -1235,8 +1331,7 @@ level!(
     "avx2,fma,f16c",
     V8,
     Maddubs,
-    exact_legacy_rows::<V8, WQ4_0>,
-    exact_legacy_rows::<V8, WQ4_1>,
+    exact_legacy8,
     exact_k_rows::<V8, XQ4K>,
     exact_k_rows::<V8, XQ5K>,
     exact_k_rows::<V8, XQ6K>
@@ -1246,8 +1341,7 @@ level!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     V16,
     Vnni,
-    exact_q4_lut::<false>,
-    exact_q4_lut::<true>,
+    exact_leg512,
     exact_q4k_lut,
     exact_k45_lut::<XQ5K, true>,
     exact_q6k_512
