@@ -627,6 +627,9 @@ unsafe fn exact_k45_lut<W: KExactW, const FIVE: bool>(a: &MatArgs) {
     }
 }
 
+/// How far ahead (bytes) the exact kernels prefetch the weight stream.
+const PREFETCH: usize = 2048;
+
 /// AVX-512 exact Q4_K, as [`exact_k45_lut_n`] but straight from the packed bytes: `vpermps`
 /// reads only the low 4 bits of each index, so the zero-extended `qs` bytes index the low
 /// nibbles as they are, and shifted right by 4 the high nibbles.
@@ -644,6 +647,9 @@ unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
         let mut acc = [[_mm512_setzero_ps(); 4]; NX];
         for b in 0..nb {
             let wb = w.add(b * 144);
+            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128) as *const i8);
             k4_scales(wb, &mut ds, &mut ms);
             for i in 0..4 {
                 let raw: [__m512i; 2] = core::array::from_fn(|h| {
@@ -830,6 +836,8 @@ unsafe fn exact_leg512_n<W: Leg512, const NX: usize>(a: &MatArgs) {
         }
         let mut b = 0;
         while b + 2 <= nb {
+            // Two blocks are at most 68 bytes: one line ahead per step keeps up.
+            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
             block!(b, 0);
             block!(b + 1, 2);
             b += 2;
@@ -871,6 +879,9 @@ unsafe fn exact_q6k_512_n<const NX: usize>(a: &MatArgs) {
         let mut acc = [[_mm512_setzero_ps(); 4]; NX];
         for b in 0..nb {
             let p = w.add(b * 210);
+            for l in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
+            }
             let d = _mm512_set1_ps(f16_at(p.add(208)));
             let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
                 p.add(192) as *const __m128i
