@@ -566,67 +566,6 @@ unsafe fn exact_k_rows<V: F32V, W: KExactW>(a: &MatArgs) {
     }
 }
 
-/// AVX-512 exact Q4_K/Q5_K: each sub-block of 32 weights takes only 16 (Q4_K) or 32 (Q5_K)
-/// values, `d1·q - m1` for q = 0..16 (0..32), computed once per sub-block with the
-/// reference's operations (bit-identical) into one (two) registers, then looked up per
-/// element with `vpermps` (`vpermt2ps`) instead of a convert, multiply and subtract.
-#[inline(always)]
-unsafe fn exact_k45_lut_n<W: KExactW, const FIVE: bool, const NX: usize>(a: &MatArgs) {
-    let nb = a.k / 256;
-    let mut qb = [0i8; 256];
-    let mut ds = [0f32; 16];
-    let mut ms = [0f32; 16];
-    let iota0 = _mm512_setr_ps(
-        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-    );
-    let iota1 = _mm512_add_ps(iota0, _mm512_set1_ps(16.0));
-    for r in 0..a.rows {
-        let w = a.w.add(r * a.w_stride);
-        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
-        let mut acc = [[_mm512_setzero_ps(); 2]; NX];
-        for b in 0..nb {
-            W::decode(w.add(b * W::BB), &mut qb, &mut ds, &mut ms);
-            for s in 0..8 {
-                let dv = _mm512_set1_ps(ds[s]);
-                let mv = _mm512_set1_ps(ms[s]);
-                let t0 = _mm512_sub_ps(_mm512_mul_ps(iota0, dv), mv);
-                let t1 = if FIVE {
-                    _mm512_sub_ps(_mm512_mul_ps(iota1, dv), mv)
-                } else {
-                    t0
-                };
-                for h in 0..2 {
-                    let j = 32 * s + 16 * h;
-                    let idx =
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(qb.as_ptr().add(j) as *const __m128i));
-                    let wv = if FIVE {
-                        _mm512_permutex2var_ps(t0, idx, t1)
-                    } else {
-                        _mm512_permutexvar_ps(idx, t0)
-                    };
-                    for t in 0..NX {
-                        acc[t][h] =
-                            _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[t].add(b * 256 + j)), acc[t][h]);
-                    }
-                }
-            }
-        }
-        for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(acc[t][0], acc[t][1])).hsum();
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn exact_k45_lut<W: KExactW, const FIVE: bool>(a: &MatArgs) {
-    match a.nx {
-        1 => exact_k45_lut_n::<W, FIVE, 1>(a),
-        2 => exact_k45_lut_n::<W, FIVE, 2>(a),
-        3 => exact_k45_lut_n::<W, FIVE, 3>(a),
-        _ => exact_k45_lut_n::<W, FIVE, 4>(a),
-    }
-}
-
 /// How far ahead (bytes) the exact kernels prefetch the weight stream.
 const PREFETCH: usize = 2048;
 
@@ -950,6 +889,84 @@ unsafe fn exact_q6k_512(a: &MatArgs) {
         2 => exact_q6k_512_n::<2>(a),
         3 => exact_q6k_512_n::<3>(a),
         _ => exact_q6k_512_n::<4>(a),
+    }
+}
+
+/// AVX-512 exact Q5_K, as [`exact_q4k_lut_n`] with two tables per sub-block (q = 0..32,
+/// `vpermt2ps`): the nibble indices get their fifth bit (bit s of `qh[l]` for sub-block s)
+/// or-ed in under a mask tested from the zero-extended `qh` bytes.
+#[inline(always)]
+unsafe fn exact_q5k_lut_n<const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let mut ds = [0f32; 16];
+    let mut ms = [0f32; 16];
+    let iota0 = iota16();
+    let iota1 = _mm512_add_ps(iota0, _mm512_set1_ps(16.0));
+    let m4 = _mm512_set1_epi32(0x0f);
+    let b4 = _mm512_set1_epi32(0x10);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm512_setzero_ps(); 4]; NX];
+        for b in 0..nb {
+            let wb = w.add(b * 176);
+            for l in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+            }
+            k4_scales(wb, &mut ds, &mut ms);
+            let qh: [__m512i; 2] = core::array::from_fn(|h| {
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(wb.add(16 + 16 * h) as *const __m128i))
+            });
+            for i in 0..4 {
+                let raw: [__m512i; 2] = core::array::from_fn(|h| {
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                        wb.add(48 + 32 * i + 16 * h) as *const __m128i
+                    ))
+                });
+                for hi in 0..2 {
+                    let s = 2 * i + hi;
+                    let dv = _mm512_set1_ps(ds[s]);
+                    let mv = _mm512_set1_ps(ms[s]);
+                    let t0 = _mm512_sub_ps(_mm512_mul_ps(iota0, dv), mv);
+                    let t1 = _mm512_sub_ps(_mm512_mul_ps(iota1, dv), mv);
+                    let bit = _mm512_set1_epi32(1 << s);
+                    for h in 0..2 {
+                        let nib = if hi == 1 {
+                            _mm512_srli_epi32(raw[h], 4)
+                        } else {
+                            _mm512_and_si512(raw[h], m4)
+                        };
+                        let k = _mm512_test_epi32_mask(qh[h], bit);
+                        let idx = _mm512_mask_or_epi32(nib, k, nib, b4);
+                        let wv = _mm512_permutex2var_ps(t0, idx, t1);
+                        let j = 32 * s + 16 * h;
+                        let u = 2 * hi + h;
+                        for t in 0..NX {
+                            acc[t][u] = _mm512_fmadd_ps(
+                                wv,
+                                _mm512_loadu_ps(xs[t].add(b * 256 + j)),
+                                acc[t][u],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            let s01 = _mm512_add_ps(acc[t][0], acc[t][1]);
+            let s23 = _mm512_add_ps(acc[t][2], acc[t][3]);
+            *a.out.add(t * a.out_stride + r) = V16(_mm512_add_ps(s01, s23)).hsum();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_q5k_lut(a: &MatArgs) {
+    match a.nx {
+        1 => exact_q5k_lut_n::<1>(a),
+        2 => exact_q5k_lut_n::<2>(a),
+        3 => exact_q5k_lut_n::<3>(a),
+        _ => exact_q5k_lut_n::<4>(a),
     }
 }
 
@@ -1354,6 +1371,6 @@ level!(
     Vnni,
     exact_leg512,
     exact_q4k_lut,
-    exact_k45_lut::<XQ5K, true>,
+    exact_q5k_lut,
     exact_q6k_512
 );
