@@ -9,6 +9,14 @@
 //! the `#[inline(always)]` bodies and intrinsics are inlined. The integer kernels stay 256-bit
 //! at the AVX-512 level: one 32-element block is one register, and decode is bandwidth-bound.
 //!
+//! Exact mode (f32 activations) at the AVX-512 level has its own kernels for the 4/5/6/8-bit
+//! formats: the 4- and 5-bit formats take at most 16 or 32 distinct weights per (sub-)block,
+//! so those values are computed once with the reference dequantizer's f32 operations (hence
+//! bit-identical) into one or two registers and each element is a `vpermps`/`vpermt2ps`
+//! lookup indexed straight by the zero-extended packed bytes; Q6_K and Q8_0 widen and
+//! multiply. They keep 4 accumulator chains and prefetch the weight stream ([`PREFETCH`]).
+//! The AVX2 level uses the generic bodies ([`exact_legacy_rows`], [`exact_k_rows`]).
+//!
 //! All functions here are `unsafe`: they read through the raw pointers of a [`MatArgs`], whose
 //! validity the caller (`kernels::matmul_with`) establishes, and they must only run on a CPU
 //! with the named features (the dispatcher checks with `is_x86_feature_detected!`).
@@ -383,7 +391,6 @@ pub(super) trait KExactW {
     const HAS_MIN: bool;
     unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]);
 }
-pub(super) struct XQ4K;
 pub(super) struct XQ5K;
 pub(super) struct XQ6K;
 
@@ -449,16 +456,6 @@ unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
     }
 }
 
-impl KExactW for XQ4K {
-    const BB: usize = 144;
-    const GROUP: usize = 32;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]) {
-        k4_scales(p, ds, ms);
-        k45_quants::<false>(p, q);
-    }
-}
 impl KExactW for XQ5K {
     const BB: usize = 176;
     const GROUP: usize = 32;
@@ -970,6 +967,66 @@ unsafe fn exact_q5k_lut(a: &MatArgs) {
     }
 }
 
+/// AVX2 exact Q4_K straight from the packed bytes: 8 zero-extended `qs` bytes at a time give
+/// 8 low and 8 high nibbles, each widened to f32 and scaled as the reference does
+/// (`d1·q - m1`: a multiply, then a separate subtract), then FMA'd.
+#[inline(always)]
+unsafe fn exact_q4k_v8_n<const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let mut ds = [0f32; 16];
+    let mut ms = [0f32; 16];
+    let m4 = _mm256_set1_epi32(0x0f);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[_mm256_setzero_ps(); 4]; NX];
+        for b in 0..nb {
+            let wb = w.add(b * 144);
+            for l in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+            }
+            k4_scales(wb, &mut ds, &mut ms);
+            for i in 0..4 {
+                let d = [_mm256_set1_ps(ds[2 * i]), _mm256_set1_ps(ds[2 * i + 1])];
+                let m = [_mm256_set1_ps(ms[2 * i]), _mm256_set1_ps(ms[2 * i + 1])];
+                for e in 0..4 {
+                    let raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        wb.add(16 + 32 * i + 8 * e) as *const __m128i
+                    ));
+                    let q = [_mm256_and_si256(raw, m4), _mm256_srli_epi32(raw, 4)];
+                    for hi in 0..2 {
+                        let wv =
+                            _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[hi]), d[hi]), m[hi]);
+                        let j = 32 * (2 * i + hi) + 8 * e;
+                        for t in 0..NX {
+                            acc[t][e] = _mm256_fmadd_ps(
+                                wv,
+                                _mm256_loadu_ps(xs[t].add(b * 256 + j)),
+                                acc[t][e],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            let s01 = _mm256_add_ps(acc[t][0], acc[t][1]);
+            let s23 = _mm256_add_ps(acc[t][2], acc[t][3]);
+            *a.out.add(t * a.out_stride + r) = hsum256(_mm256_add_ps(s01, s23));
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn exact_q4k_v8(a: &MatArgs) {
+    match a.nx {
+        1 => exact_q4k_v8_n::<1>(a),
+        2 => exact_q4k_v8_n::<2>(a),
+        3 => exact_q4k_v8_n::<3>(a),
+        _ => exact_q4k_v8_n::<4>(a),
+    }
+}
+
 // ------------------------------------------------------------------ integer dot products
 
 pub(super) trait IDot {
@@ -1360,7 +1417,7 @@ level!(
     V8,
     Maddubs,
     exact_legacy8,
-    exact_k_rows::<V8, XQ4K>,
+    exact_q4k_v8,
     exact_k_rows::<V8, XQ5K>,
     exact_k_rows::<V8, XQ6K>
 );
