@@ -142,6 +142,42 @@ fn every_kernel_matches_the_reference_on_odd_shapes() {
     }
 }
 
+/// Exact mode dequantizes bit-exactly: with one-hot activation rows, each output is one
+/// dequantized weight times 1 plus zeros, so it must equal the reference weight exactly.
+#[test]
+fn exact_mode_weights_are_bit_exact() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for isa in Isa::available() {
+        for dtype in FORMATS.into_iter().filter(|d| d.is_quantized()) {
+            for blocks in 1..=3 {
+                let k = blocks * dtype.block_size();
+                let m = 5;
+                let w =
+                    Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
+                let mut x = vec![0.0f32; k * k];
+                for i in 0..k {
+                    x[i * k + i] = 1.0;
+                }
+                let mut out = vec![f32::NAN; k * m];
+                matmul_with(isa, true, &w, &x, k, &mut out);
+                let mut wrow = vec![0.0f32; k];
+                for r in 0..m {
+                    w.row_to_f32(r, &mut wrow);
+                    for i in 0..k {
+                        // f32 `==`: bit equality up to the sign of zero.
+                        assert!(
+                            out[i * m + r] == wrow[i],
+                            "{isa:?} {dtype} k={k} row {r} element {i}: {} vs {}",
+                            out[i * m + r],
+                            wrow[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn many_rows_split_over_threads() {
     let mut rng = Rng(99);
