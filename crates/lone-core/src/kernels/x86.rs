@@ -340,6 +340,9 @@ unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const NX: usize>(a: &MatArgs)
         let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
         let mut acc = [[V::zero(); 4]; NX];
         for b in 0..nb {
+            if b % 2 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            }
             let (q, d, m) = W::decode(w.add(b * W::BB));
             _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
             let (dv, mv) = (V::splat(d), V::splat(m));
@@ -528,6 +531,9 @@ unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: usize>(a: &MatArgs) {
         let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
         let mut acc = [[V::zero(); 4]; NX];
         for b in 0..nb {
+            for l in 0..W::BB.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH + 64 * l) as *const i8);
+            }
             W::decode(w.add(b * W::BB), &mut qb, &mut ds, &mut ms);
             for g in 0..256 / W::GROUP {
                 let dv = V::splat(ds[g]);
