@@ -766,7 +766,9 @@ mod tests {
         wait_for("the slot to be freed", || {
             m.active_slots.load(Relaxed) == 0 && m.cancelled.load(Relaxed) == 1
         });
-        assert!(m.generated_tokens.load(Relaxed) < 100);
+        // Counted as cancelled (not finished): it stopped before its 1500 tokens. How many it
+        // generated before noticing depends on the kernels' speed, so no tighter bound.
+        assert!(m.generated_tokens.load(Relaxed) < 1500);
         let want = json_ids("lfm2_a", "greedy.json");
         assert_eq!(run_one(&e, greedy(&p, want.len())).tokens, want);
     }
