@@ -543,15 +543,16 @@ impl Rope {
         r
     }
 
-    /// Rotate the first `rot_dim` dims of each `head_dim`-wide head in `x` at position `pos`.
-    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+    /// Rotate the first `rot_dim` dims of each `head_dim`-wide head of `q` and `k` at `pos`.
+    pub fn apply(&self, q: &mut [f32], k: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.rot_dim / 2;
+        // One cos/sin table per position, shared by the query and key heads.
         let mut cs = [(0f32, 0f32); 256];
         for (i, f) in self.inv_freq.iter().enumerate() {
             let a = pos as f32 * f;
             cs[i] = (a.cos(), a.sin());
         }
-        for head in x.chunks_mut(head_dim) {
+        for head in q.chunks_mut(head_dim).chain(k.chunks_mut(head_dim)) {
             for i in 0..half {
                 let (c, s) = cs[i];
                 let x1 = head[i];

@@ -111,8 +111,12 @@ impl Attention {
             kn.forward(&mut k);
         }
         for (i, r) in rows.iter().enumerate() {
-            self.rope.apply(&mut q[i * qd..(i + 1) * qd], hd, r.pos);
-            self.rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, r.pos);
+            self.rope.apply(
+                &mut q[i * qd..(i + 1) * qd],
+                &mut k[i * kvd..(i + 1) * kvd],
+                hd,
+                r.pos,
+            );
         }
         let mut ctx = vec![0.0; n * qd];
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
