@@ -15,22 +15,80 @@ use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
 use crate::nn::{Attention, AttentionSpec, Mlp, Operator, RmsNorm, Row, ShortConv};
 
-pub struct Lfm2Layer {
+/// One LFM decoder layer: a sequence-mixing operator and a SwiGLU FFN, each pre-normed and
+/// added to the residual stream; LFM3 also norms each output ("sandwich" norms).
+pub struct HybridLayer {
     operator_norm: RmsNorm,
     operator: Operator,
+    post_operator_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
     feed_forward: Mlp,
+    post_ffn_norm: Option<RmsNorm>,
 }
 
-impl Layer for Lfm2Layer {
+impl HybridLayer {
+    /// The norms and FFN of layer `p` around `operator`; `sandwich` loads the post norms.
+    pub fn load(
+        ws: &Weights,
+        cfg: &ModelConfig,
+        p: &str,
+        operator: Operator,
+        sandwich: bool,
+    ) -> Result<HybridLayer> {
+        let (d, eps) = (cfg.hidden_size, cfg.norm_eps);
+        let norm = |name: &str| RmsNorm::load(ws, &format!("{p}.{name}"), d, eps);
+        Ok(HybridLayer {
+            operator_norm: norm("operator_norm")?,
+            operator,
+            post_operator_norm: if sandwich {
+                Some(norm("post_operator_norm")?)
+            } else {
+                None
+            },
+            ffn_norm: norm("ffn_norm")?,
+            feed_forward: Mlp::load(
+                ws,
+                &format!("{p}.feed_forward"),
+                ["w1", "w3", "w2"],
+                d,
+                cfg.ffn_dim,
+            )?,
+            post_ffn_norm: if sandwich {
+                Some(norm("post_ffn_norm")?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl Layer for HybridLayer {
     fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
         let h = self.operator_norm.apply(x);
-        let a = self.operator.forward(&h, rows, caches, layer);
+        let mut a = self.operator.forward(&h, rows, caches, layer);
+        if let Some(n) = &self.post_operator_norm {
+            n.forward(&mut a);
+        }
         add_inplace(x, &a);
         let h = self.ffn_norm.apply(x);
-        let m = self.feed_forward.forward(&h, rows.len());
+        let mut m = self.feed_forward.forward(&h, rows.len());
+        if let Some(n) = &self.post_ffn_norm {
+            n.forward(&mut m);
+        }
         add_inplace(x, &m);
     }
+}
+
+/// The gated short convolution of layer `p`.
+pub fn conv_operator(ws: &Weights, cfg: &ModelConfig, p: &str) -> Result<Operator> {
+    let conv = ShortConv::load(
+        ws,
+        &format!("{p}.conv"),
+        cfg.hidden_size,
+        cfg.conv_kernel,
+        cfg.conv_bias,
+    )?;
+    Ok(Operator::Conv(Box::new(conv)))
 }
 
 pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
@@ -41,13 +99,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
         .map(|(i, kind)| {
             let p = format!("model.layers.{i}");
             let operator = match kind {
-                LayerKind::Conv => Operator::Conv(Box::new(ShortConv::load(
-                    ws,
-                    &format!("{p}.conv"),
-                    d,
-                    cfg.conv_kernel,
-                    cfg.conv_bias,
-                )?)),
+                LayerKind::Conv => conv_operator(ws, cfg, &p)?,
                 _ => Operator::Attention(Box::new(Attention::load(
                     ws,
                     &AttentionSpec {
@@ -66,18 +118,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                     },
                 )?)),
             };
-            Ok(Box::new(Lfm2Layer {
-                operator_norm: RmsNorm::load(ws, &format!("{p}.operator_norm"), d, cfg.norm_eps)?,
-                operator,
-                ffn_norm: RmsNorm::load(ws, &format!("{p}.ffn_norm"), d, cfg.norm_eps)?,
-                feed_forward: Mlp::load(
-                    ws,
-                    &format!("{p}.feed_forward"),
-                    ["w1", "w3", "w2"],
-                    d,
-                    cfg.ffn_dim,
-                )?,
-            }) as Box<dyn Layer>)
+            Ok(Box::new(HybridLayer::load(ws, cfg, &p, operator, false)?) as Box<dyn Layer>)
         })
         .collect()
 }

@@ -8,39 +8,13 @@
 //! out = h + post_ffn_norm(w2(silu(w1(ffn_norm(h))) * w3(ffn_norm(h))))
 //! ```
 
+use super::lfm2::{conv_operator, HybridLayer};
 use super::Layer;
-use crate::cache::SeqCache;
 use crate::config::{LayerKind, ModelConfig, RopeConfig};
 use crate::error::Result;
-use crate::kernels::{add_inplace, Rope};
+use crate::kernels::Rope;
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Mlp, Operator, RmsNorm, Row, ShortConv};
-
-pub struct Lfm3Layer {
-    operator_norm: RmsNorm,
-    operator: Operator,
-    post_operator_norm: Option<RmsNorm>,
-    ffn_norm: RmsNorm,
-    feed_forward: Mlp,
-    post_ffn_norm: Option<RmsNorm>,
-}
-
-impl Layer for Lfm3Layer {
-    fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
-        let h = self.operator_norm.apply(x);
-        let mut a = self.operator.forward(&h, rows, caches, layer);
-        if let Some(n) = &self.post_operator_norm {
-            n.forward(&mut a);
-        }
-        add_inplace(x, &a);
-        let h = self.ffn_norm.apply(x);
-        let mut m = self.feed_forward.forward(&h, rows.len());
-        if let Some(n) = &self.post_ffn_norm {
-            n.forward(&mut m);
-        }
-        add_inplace(x, &m);
-    }
-}
+use crate::nn::{Attention, AttentionSpec, Operator};
 
 fn rope_for(r: &RopeConfig, head_dim: usize) -> Rope {
     if r.proportional {
@@ -59,20 +33,13 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
     let flag = |k: &str| cfg.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(true);
     let sandwich = flag("use_sandwich_norm");
     let gate = flag("use_attention_gate");
-    let eps = cfg.norm_eps;
     cfg.layer_kinds
         .iter()
         .enumerate()
         .map(|(i, kind)| {
             let p = format!("model.layers.{i}");
             let operator = match kind {
-                LayerKind::Conv => Operator::Conv(Box::new(ShortConv::load(
-                    ws,
-                    &format!("{p}.conv"),
-                    d,
-                    cfg.conv_kernel,
-                    cfg.conv_bias,
-                )?)),
+                LayerKind::Conv => conv_operator(ws, cfg, &p)?,
                 LayerKind::Attention | LayerKind::SlidingAttention => {
                     let sliding = *kind == LayerKind::SlidingAttention;
                     let rope = if sliding {
@@ -100,7 +67,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                             bias: cfg.attention_bias,
                             out_name: "o_proj",
                             qk_norm: Some(("q_norm", "k_norm")),
-                            norm_eps: eps,
+                            norm_eps: cfg.norm_eps,
                             rope: rope_for(rope, cfg.head_dim),
                             window: sliding.then_some(cfg.sliding_window),
                             gate: gate.then_some(gate_name),
@@ -108,27 +75,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                     )?))
                 }
             };
-            let post = |name: &str| -> Result<Option<RmsNorm>> {
-                if sandwich {
-                    Ok(Some(RmsNorm::load(ws, &format!("{p}.{name}"), d, eps)?))
-                } else {
-                    Ok(None)
-                }
-            };
-            Ok(Box::new(Lfm3Layer {
-                operator_norm: RmsNorm::load(ws, &format!("{p}.operator_norm"), d, eps)?,
-                operator,
-                post_operator_norm: post("post_operator_norm")?,
-                ffn_norm: RmsNorm::load(ws, &format!("{p}.ffn_norm"), d, eps)?,
-                feed_forward: Mlp::load(
-                    ws,
-                    &format!("{p}.feed_forward"),
-                    ["w1", "w3", "w2"],
-                    d,
-                    cfg.ffn_dim,
-                )?,
-                post_ffn_norm: post("post_ffn_norm")?,
-            }) as Box<dyn Layer>)
+            Ok(Box::new(HybridLayer::load(ws, cfg, &p, operator, sandwich)?) as Box<dyn Layer>)
         })
         .collect()
 }
