@@ -18,6 +18,8 @@ pub mod npy;
 pub mod quant;
 pub mod sampler;
 pub mod tensor;
+#[cfg(test)]
+mod test_rng;
 pub mod text;
 pub mod tokenizer;
 

@@ -3,18 +3,7 @@
 use super::*;
 use crate::quant::{dequantize_row, quantize_row};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
+use crate::test_rng::Rng;
 
 const FORMATS: [DType; 13] = [
     DType::F32,

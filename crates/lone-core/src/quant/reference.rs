@@ -189,19 +189,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 mod tests {
     use super::*;
 
-    /// A deterministic xorshift stream (no test dependency on `rand`'s algorithms).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn rejects_partial_blocks_and_wrong_byte_counts() {
