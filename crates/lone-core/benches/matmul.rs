@@ -106,6 +106,12 @@ mod matmul_n8 {
     shape!(m65536_k1024, 65536, 1024, 8, 10);
 }
 
+mod matmul_n16 {
+    use super::*;
+    shape!(m1024_k4608, 1024, 4608, 16, 50);
+    shape!(m4608_k1024, 4608, 1024, 16, 50);
+}
+
 mod matmul_n128 {
     use super::*;
     shape!(m1024_k4608, 1024, 4608, 128, 10);

@@ -185,6 +185,40 @@ pub(crate) struct MatArgs {
 /// written do not overlap other threads' rows, and the CPU supports the kernel's [`Isa`].
 pub(crate) type MatFn = unsafe fn(&MatArgs);
 
+/// A tile of an f32 matrix product: `out[t * out_stride + r] = Σ_i w[r * w_stride + i] ·
+/// x[t, i]` for `r < rows`, `t < n`, `i < k` (strides in elements). The activations are
+/// packed in blocks of `tb` rows (the kernel's [`Gemm::tb`]): block `b` holds `x[b·tb + j, i]`
+/// at `x[(b·tb + i)·k... ]`, precisely `x[b·tb·k + i·tb + j]`, zero past row `n`.
+pub(crate) struct GemmArgs {
+    pub w: *const f32,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub x: *const f32,
+    pub n: usize,
+    pub k: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// An f32 GEMM tile kernel. Safety contract: every pointer in the `GemmArgs` is valid for
+/// what the call reads or writes, `rows` and `n` are at least 1, the outputs do not overlap
+/// other threads', and the CPU supports the kernel's [`Isa`].
+pub(crate) type GemmFn = unsafe fn(&GemmArgs);
+
+/// Dequantize one stored row of `k` elements (whole blocks) at `src` into `k` f32 at `dst`,
+/// bit-exactly. Same safety contract as [`GemmFn`].
+pub(crate) type DeqFn = unsafe fn(*const u8, *mut f32, usize);
+
+/// The exact-mode many-row path: rows dequantized once into f32 (`deq`; F32 needs none), then
+/// multiplied by every activation row with a register-blocked f32 tile kernel.
+#[derive(Clone, Copy)]
+struct Gemm {
+    deq: Option<DeqFn>,
+    tile: GemmFn,
+    /// Activation rows per packed block.
+    tb: usize,
+}
+
 /// Which activations a kernel takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Act {
@@ -199,6 +233,8 @@ enum Act {
 struct Kernel {
     f: MatFn,
     act: Act,
+    /// The f32 GEMM used instead of `f` for many activation rows (exact kernels only).
+    gemm: Option<Gemm>,
 }
 
 /// The 8-bit activation format llama.cpp pairs with a weight format.
@@ -234,13 +270,18 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
     let scalar = Kernel {
         f: scalar_rows,
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
+        gemm: None,
     };
     match isa {
         Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => x86_kernel(isa, dtype, fast_act).unwrap_or(scalar),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel { f, act: Act::F32 }),
+        Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel {
+            f,
+            act: Act::F32,
+            gemm: None,
+        }),
         #[allow(unreachable_patterns)]
         _ => scalar,
     }
@@ -257,7 +298,27 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             }
         };
     }
-    let f32k = |f: MatFn| Some(Kernel { f, act: Act::F32 });
+    macro_rules! deq {
+        ($name:ident) => {
+            Some(if isa == Isa::Avx512 {
+                x86::avx512::$name as DeqFn
+            } else {
+                x86::avx2::$name as DeqFn
+            })
+        };
+    }
+    let (tile, tb) = if isa == Isa::Avx512 {
+        (x86::avx512::gemm as GemmFn, 32)
+    } else {
+        (x86::avx2::gemm as GemmFn, 16)
+    };
+    let f32k = |f: MatFn, deq: Option<DeqFn>| {
+        Some(Kernel {
+            f,
+            act: Act::F32,
+            gemm: Some(Gemm { deq, tile, tb }),
+        })
+    };
     if let Some(ad) = fast_act {
         let f = match dtype {
             DType::Q4_0 => pick!(q4_0),
@@ -273,22 +334,23 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
         return Some(Kernel {
             f,
             act: Act::Quant(ad),
+            gemm: None,
         });
     }
     match dtype {
-        DType::F32 => f32k(pick!(f32)),
-        DType::F16 => f32k(pick!(f16)),
-        DType::BF16 => f32k(pick!(bf16)),
-        DType::Q4_0 => f32k(pick!(exact_q4_0)),
-        DType::Q4_1 => f32k(pick!(exact_q4_1)),
-        DType::Q5_0 => f32k(pick!(exact_q5_0)),
-        DType::Q5_1 => f32k(pick!(exact_q5_1)),
-        DType::Q8_0 => f32k(pick!(exact_q8_0)),
-        DType::Q2K => f32k(pick!(exact_q2_k)),
-        DType::Q3K => f32k(pick!(exact_q3_k)),
-        DType::Q4K => f32k(pick!(exact_q4_k)),
-        DType::Q5K => f32k(pick!(exact_q5_k)),
-        DType::Q6K => f32k(pick!(exact_q6_k)),
+        DType::F32 => f32k(pick!(f32), None),
+        DType::F16 => f32k(pick!(f16), deq!(deq_f16)),
+        DType::BF16 => f32k(pick!(bf16), deq!(deq_bf16)),
+        DType::Q4_0 => f32k(pick!(exact_q4_0), deq!(deq_q4_0)),
+        DType::Q4_1 => f32k(pick!(exact_q4_1), deq!(deq_q4_1)),
+        DType::Q5_0 => f32k(pick!(exact_q5_0), deq!(deq_q5_0)),
+        DType::Q5_1 => f32k(pick!(exact_q5_1), deq!(deq_q5_1)),
+        DType::Q8_0 => f32k(pick!(exact_q8_0), deq!(deq_q8_0)),
+        DType::Q2K => f32k(pick!(exact_q2_k), deq!(deq_q2_k)),
+        DType::Q3K => f32k(pick!(exact_q3_k), deq!(deq_q3_k)),
+        DType::Q4K => f32k(pick!(exact_q4_k), deq!(deq_q4_k)),
+        DType::Q5K => f32k(pick!(exact_q5_k), deq!(deq_q5_k)),
+        DType::Q6K => f32k(pick!(exact_q6_k), deq!(deq_q6_k)),
         DType::Q8_1 | DType::Q8K => None,
     }
 }
@@ -377,6 +439,10 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
         out.fill(0.0);
         return;
     }
+    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS) {
+        gemm(g, w, x, n, out);
+        return;
+    }
     let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let (xp, xs): (*const u8, usize) = match kern.act {
@@ -441,6 +507,98 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
     });
     QBUF.with(|b| *b.borrow_mut() = qbuf);
     DBUF.with(|b| *b.borrow_mut() = dbuf);
+}
+
+/// Activation rows from which the exact path switches from the matrix-vector kernels (which
+/// dequantize each weight block once per 4 activation rows) to dequantize-once + f32 GEMM.
+const GEMM_MIN_ROWS: usize = 8;
+
+/// Weight rows dequantized at a time by one task of the GEMM path.
+const GEMM_TILE_ROWS: usize = 48;
+
+thread_local! {
+    static GBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static XPACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The many-row exact path of [`matmul`]: the activation rows are packed once into blocks of
+/// `g.tb` rows ([`GemmArgs`]); each task dequantizes `GEMM_TILE_ROWS` weight rows into f32
+/// once and multiplies them by every block.
+fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let k = w.row_len();
+    let m = w.n_rows();
+    let rb = w.dtype.bytes_for(k).expect("checked by matmul_kernel");
+    let tb = g.tb;
+    let blocks = n.div_ceil(tb);
+    let mut xpack = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    xpack.resize(blocks * tb * k, 0.0);
+    let pp = SendPtr(xpack.as_mut_ptr());
+    parallel_for(blocks, 1, &|range| {
+        let pp = &pp;
+        for b in range {
+            // SAFETY: block b's tb·k f32 lie inside xpack and only this task writes them.
+            let dst = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * tb * k), tb * k) };
+            let rows = tb.min(n - b * tb);
+            for (i, d) in dst.chunks_exact_mut(tb).enumerate() {
+                for (j, v) in d.iter_mut().enumerate() {
+                    *v = if j < rows {
+                        x[(b * tb + j) * k + i]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    });
+    let wp = SendPtr(w.data().as_ptr() as *mut u8);
+    let xp = SendPtr(xpack.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
+    parallel_for(m, GEMM_TILE_ROWS, &|range| {
+        let (wp, xp, op) = (&wp, &xp, &op);
+        let rows = range.len();
+        GBUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let (wf, ws) = match g.deq {
+                Some(deq) => {
+                    // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
+                    // fall in the same L1 sets while the kernel reads them side by side.
+                    let ws = k + 16;
+                    buf.resize(rows * ws, 0.0);
+                    for r in 0..rows {
+                        // SAFETY: row range.start + r < m is inside the m·rb weight bytes
+                        // (checked by matmul_kernel); buf holds rows·k f32; `deq` was picked
+                        // for this dtype on an available ISA and k is whole blocks.
+                        unsafe {
+                            deq(
+                                wp.0.add((range.start + r) * rb),
+                                buf.as_mut_ptr().add(r * ws),
+                                k,
+                            )
+                        };
+                    }
+                    (buf.as_ptr(), ws)
+                }
+                // SAFETY: F32 rows are used in place: rb = 4k bytes each, in bounds as above.
+                None => (unsafe { wp.0.add(range.start * rb) } as *const f32, k),
+            };
+            let a = GemmArgs {
+                w: wf,
+                w_stride: ws,
+                rows,
+                x: xp.0,
+                n,
+                k,
+                // SAFETY: columns range of every output row t (out has n·m elements).
+                out: unsafe { op.0.add(range.start) },
+                out_stride: m,
+            };
+            // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
+            // stride k, x holds ceil(n/tb) packed blocks of tb·k f32, out[t·m + r] for r in
+            // this task's range is written by this task alone; rows ≥ 1 and n ≥ 1.
+            unsafe { (g.tile)(&a) };
+        });
+    });
+    XPACK.with(|b| *b.borrow_mut() = xpack);
 }
 
 /// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of

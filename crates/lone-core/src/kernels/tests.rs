@@ -121,7 +121,7 @@ fn every_kernel_matches_the_reference_on_odd_shapes() {
             for exact in [false, true] {
                 for &k in &ks {
                     for m in [1usize, 3, 17] {
-                        for n in 1..=9 {
+                        for n in (1..=9).chain([13, 26]) {
                             check(isa, exact, dtype, m, k, n, &mut rng);
                         }
                     }
@@ -175,6 +175,8 @@ fn many_rows_split_over_threads() {
             let k = 2 * dtype.block_size().max(64);
             for exact in [false, true] {
                 check(isa, exact, dtype, 301, k, 5, &mut rng);
+                check(isa, exact, dtype, 37, k, 29, &mut rng);
+                check(isa, exact, dtype, 53, k, 45, &mut rng);
             }
         }
     }

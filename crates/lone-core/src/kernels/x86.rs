@@ -27,7 +27,7 @@
 
 use core::arch::x86_64::*;
 
-use super::MatArgs;
+use super::{GemmArgs, MatArgs};
 use crate::quant::reference_blocks as rb;
 
 // ------------------------------------------------------------------ f32 vectors
@@ -46,6 +46,7 @@ pub(super) trait F32V: Copy {
     /// `LANES` signed bytes at `p`, converted to f32.
     unsafe fn from_i8(p: *const i8) -> Self;
     unsafe fn hsum(self) -> f32;
+    unsafe fn store(self, p: *mut f32);
 }
 
 #[derive(Clone, Copy)]
@@ -102,6 +103,10 @@ impl F32V for V8 {
     unsafe fn hsum(self) -> f32 {
         hsum256(self.0)
     }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self.0)
+    }
 }
 
 impl F32V for V16 {
@@ -154,6 +159,10 @@ impl F32V for V16 {
         let lo = _mm512_castps512_ps256(self.0);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(self.0), 1));
         hsum256(_mm256_add_ps(lo, hi))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self.0)
     }
 }
 
@@ -1371,6 +1380,134 @@ unsafe fn q6k_rows<D: IDot>(a: &MatArgs) {
     }
 }
 
+// ------------------------------------------------------------------ f32 GEMM (exact, many rows)
+
+/// `R` weight rows × `NV·LANES` rows of one block of `2·LANES` packed activation rows over the
+/// whole of `k`: each step loads `NV` vectors of the block's activations (one `k` index) and
+/// broadcasts one weight per row, `NV·R` FMAs into `NV·R` accumulators that end up holding
+/// the outputs themselves (no horizontal sums). Rows past `g.rows` reuse the last row (clamped
+/// pointers: every load is in bounds) and, like the block's padding rows, are not written.
+#[inline(always)]
+unsafe fn gemm_micro<V: F32V, const R: usize, const NV: usize>(
+    g: &GemmArgs,
+    r0: usize,
+    t0: usize,
+    xp: *const f32,
+) {
+    let l = V::LANES;
+    let tb = 2 * l;
+    let w: [*const f32; R] =
+        core::array::from_fn(|r| g.w.add((r0 + r).min(g.rows - 1) * g.w_stride));
+    let mut acc = [[V::zero(); NV]; R];
+    for i in 0..g.k {
+        let xv: [V; NV] = core::array::from_fn(|v| V::load(xp.add(i * tb + v * l)));
+        for r in 0..R {
+            let b = V::splat(*w[r].add(i));
+            for v in 0..NV {
+                acc[r][v] = V::fma(b, xv[v], acc[r][v]);
+            }
+        }
+    }
+    let mut tmp = [[0.0f32; 32]; R];
+    for r in 0..R {
+        for v in 0..NV {
+            acc[r][v].store(tmp[r].as_mut_ptr().add(v * l));
+        }
+    }
+    let rows = R.min(g.rows - r0);
+    for t in 0..(NV * l).min(g.n - t0) {
+        let o = g.out.add((t0 + t) * g.out_stride + r0);
+        for r in 0..rows {
+            *o.add(r) = tmp[r][t];
+        }
+    }
+}
+
+/// Every (row, activation row) pair of a [`GemmArgs`]: for each block of `2·LANES` packed
+/// activation rows (`k·2·LANES` f32, in L2), every group of `R` weight rows. A last block of
+/// at most `LANES` rows takes the one-vector kernel.
+#[inline(always)]
+unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
+    let tb = 2 * V::LANES;
+    let mut t0 = 0;
+    while t0 < g.n {
+        let xp = g.x.add(t0 * g.k);
+        let half = g.n - t0 <= V::LANES;
+        let mut r0 = 0;
+        while r0 < g.rows {
+            if half {
+                gemm_micro::<V, R, 1>(g, r0, t0, xp);
+            } else {
+                gemm_micro::<V, R, 2>(g, r0, t0, xp);
+            }
+            r0 += R;
+        }
+        t0 += tb;
+    }
+}
+
+/// Float weight rows to f32 (`k` elements), vectorised.
+#[inline(always)]
+unsafe fn deq_float<V: F32V, W: FloatW>(src: *const u8, dst: *mut f32, k: usize) {
+    let l = V::LANES;
+    let mut i = 0;
+    while i + l <= k {
+        let v: V = W::load(src.add(i * W::EB));
+        v.store(dst.add(i));
+        i += l;
+    }
+    while i < k {
+        *dst.add(i) = W::scalar(src.add(i * W::EB));
+        i += 1;
+    }
+}
+
+/// Legacy 32-element blocks to f32 at the AVX-512 level: [`Leg512`]'s bit-exact weights.
+#[inline(always)]
+unsafe fn deq_leg512<W: Leg512>(src: *const u8, dst: *mut f32, k: usize) {
+    for b in 0..k / 32 {
+        let [lo, hi] = W::weights(src.add(b * W::BB));
+        _mm512_storeu_ps(dst.add(b * 32), lo);
+        _mm512_storeu_ps(dst.add(b * 32 + 16), hi);
+    }
+}
+
+/// Legacy 32-element blocks to f32 at the AVX2 level: decoded quants scaled as the reference
+/// does (`q·d`, or `q·d + m`: a separate multiply and add), hence bit-exact.
+#[inline(always)]
+unsafe fn deq_legacy8<W: LegacyW>(src: *const u8, dst: *mut f32, k: usize) {
+    let mut qb = [0i8; 32];
+    for b in 0..k / 32 {
+        let (q, d, m) = W::decode(src.add(b * W::BB));
+        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
+        let (dv, mv) = (V8::splat(d), V8::splat(m));
+        for j in (0..32).step_by(8) {
+            let mut wv = V8::mul(V8::from_i8(qb.as_ptr().add(j)), dv);
+            if !W::SIGNED {
+                wv = V8::add(wv, mv);
+            }
+            wv.store(dst.add(b * 32 + j));
+        }
+    }
+}
+
+/// Quantized weight rows to f32 with the reference block dequantizer (inlined here, so the
+/// compiler vectorises it for the entry point's features): bit-exact by construction.
+#[inline(always)]
+unsafe fn deq_blocks<const BB: usize, const BS: usize>(
+    src: *const u8,
+    dst: *mut f32,
+    k: usize,
+    deq: impl Fn(&[u8; BB], &mut [f32; BS]),
+) {
+    for b in 0..k / BS {
+        deq(
+            &*(src.add(b * BB) as *const [u8; BB]),
+            &mut *(dst.add(b * BS) as *mut [f32; BS]),
+        );
+    }
+}
+
 // ------------------------------------------------------------------ entry points
 
 macro_rules! entry {
@@ -1382,10 +1519,61 @@ macro_rules! entry {
     };
 }
 
+macro_rules! deq_entry {
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(src: *const u8, dst: *mut f32, k: usize) {
+            $body(src, dst, k)
+        }
+    };
+}
+
 macro_rules! level {
-    ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr) => {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr,
+     $gr:literal, $deqleg:ident) => {
         pub(crate) mod $m {
             use super::*;
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn gemm(g: &GemmArgs) {
+                gemm_tile::<$V, $gr>(g)
+            }
+            deq_entry!(deq_f16, $features, deq_float::<$V, WF16>);
+            deq_entry!(deq_bf16, $features, deq_float::<$V, WBF16>);
+            deq_entry!(deq_q4_0, $features, $deqleg::<WQ4_0>);
+            deq_entry!(deq_q4_1, $features, $deqleg::<WQ4_1>);
+            deq_entry!(deq_q5_0, $features, $deqleg::<WQ5_0>);
+            deq_entry!(deq_q5_1, $features, $deqleg::<WQ5_1>);
+            deq_entry!(deq_q8_0, $features, $deqleg::<WQ8_0>);
+            deq_entry!(deq_q2_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q2_k
+            ));
+            deq_entry!(deq_q3_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q3_k
+            ));
+            deq_entry!(deq_q4_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q4_k
+            ));
+            deq_entry!(deq_q5_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q5_k
+            ));
+            deq_entry!(deq_q6_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q6_k
+            ));
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
@@ -1425,7 +1613,9 @@ level!(
     exact_legacy8,
     exact_q4k_v8,
     exact_k_rows::<V8, XQ5K>,
-    exact_k_rows::<V8, XQ6K>
+    exact_k_rows::<V8, XQ6K>,
+    6,
+    deq_legacy8
 );
 level!(
     avx512,
@@ -1435,5 +1625,7 @@ level!(
     exact_leg512,
     exact_q4k_lut,
     exact_q5k_lut,
-    exact_q6k_512
+    exact_q6k_512,
+    12,
+    deq_leg512
 );
