@@ -7,6 +7,8 @@ Run from anywhere:
     python tests/reference/generate.py llama qwen3  # only some fixtures
     python tests/reference/generate.py --gguf-refs-only [name ...]
         # only (re)compute gguf-<kind>.logits.npy from the existing GGUF files
+    python tests/reference/generate.py --lfm3-gguf
+        # only (re)write lfm3's GGUFs from its committed checkpoint, then their references
 
 Everything is written under ``tests/reference/fixtures/<name>/`` and is fully
 deterministic (fixed seeds, CPU, eager attention, float32 math).
@@ -57,9 +59,11 @@ Files per fixture (see README.md next to this script):
   updated), ``logits.npy`` computed by loading those weights, upcasting to f32
   and running in f32 over the same token sequence, plus ``greedy.json`` of that
   upcast model.
-* ``model-{f32,f16,bf16,q8_0}.gguf`` -- llama.cpp's convert_hf_to_gguf.py
-  (all fixtures except lfm3: llama.cpp at the pinned commit has no LFM3
-  support).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
+* ``model-{f32,f16,bf16,q8_0}.gguf`` -- llama.cpp's convert_hf_to_gguf.py;
+  lfm3: llama.cpp has no LFM3 architecture, so ``write_lfm3_ggufs`` writes
+  them with gguf-py's GGUFWriter in the layout DEVELOPERS.md describes
+  ("LFM3 in GGUF"), the converter's tensor-type rules and its tokenizer
+  metadata (asserted equal to the converter's lfm2_b file).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
   (Q4_K_M; tensors whose rows are not a multiple of 256 get llama-quantize's
   fallback types) come from ``llama-quantize`` when the binary exists.
 
