@@ -7,6 +7,8 @@ Run from anywhere:
     python tests/reference/generate.py llama qwen3  # only some fixtures
     python tests/reference/generate.py --gguf-refs-only [name ...]
         # only (re)compute gguf-<kind>.logits.npy from the existing GGUF files
+    python tests/reference/generate.py --lfm3-gguf
+        # only (re)write lfm3's GGUFs from its committed checkpoint, then their references
 
 Everything is written under ``tests/reference/fixtures/<name>/`` and is fully
 deterministic (fixed seeds, CPU, eager attention, float32 math).
@@ -57,9 +59,11 @@ Files per fixture (see README.md next to this script):
   updated), ``logits.npy`` computed by loading those weights, upcasting to f32
   and running in f32 over the same token sequence, plus ``greedy.json`` of that
   upcast model.
-* ``model-{f32,f16,bf16,q8_0}.gguf`` -- llama.cpp's convert_hf_to_gguf.py
-  (all fixtures except lfm3: llama.cpp at the pinned commit has no LFM3
-  support).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
+* ``model-{f32,f16,bf16,q8_0}.gguf`` -- llama.cpp's convert_hf_to_gguf.py;
+  lfm3: llama.cpp has no LFM3 architecture, so ``write_lfm3_ggufs`` writes
+  them with gguf-py's GGUFWriter in the layout DEVELOPERS.md describes
+  ("LFM3 in GGUF"), the converter's tensor-type rules and its tokenizer
+  metadata (asserted equal to the converter's lfm2_b file).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
   (Q4_K_M; tensors whose rows are not a multiple of 256 get llama-quantize's
   fallback types) come from ``llama-quantize`` when the binary exists.
 
@@ -421,7 +425,9 @@ SEEDS = {"lfm2_a": 11, "lfm2_b": 29, "lfm3": 13, "qwen2": 22, "qwen3": 20, "llam
 # (tied) embedding is small relative to the layer outputs.
 EMBED_STD = {"qwen3": 0.03}
 ALL = list(SEEDS)
-GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
+GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]  # converted by llama.cpp's converter
+# llama.cpp has no LFM3 architecture: write_lfm3_ggufs writes these with gguf-py's GGUFWriter.
+OWN_GGUF_FIXTURES = ["lfm3"]
 
 
 def load(dir_: Path):
@@ -613,7 +619,7 @@ def _import_gguf():
 
 def gguf_hf_name(family: str, gname: str) -> str:
     """HF state-dict name of a GGUF tensor written by convert_hf_to_gguf.py."""
-    lfm2 = family == "lfm2"
+    lfm2 = family in ("lfm2", "lfm3")
     top = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
            "output_norm.weight": "model.embedding_norm.weight" if lfm2 else "model.norm.weight",
            "token_embd_norm.weight": "model.embedding_norm.weight"}
@@ -622,6 +628,8 @@ def gguf_hf_name(family: str, gname: str) -> str:
     blk, bid, rest = gname.split(".", 2)
     assert blk == "blk", gname
     base, suffix = rest.rsplit(".", 1)
+    if family == "lfm3":
+        return f"model.layers.{bid}.{LFM3_GGUF_TO_HF[base]}.{suffix}"
     if lfm2:
         table = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
                  "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
@@ -661,6 +669,8 @@ def gguf_refs(name: str) -> None:
         todo = set(sd) - ({"lm_head.weight"} if tied else set())
         types = set()
         for t in gguf.GGUFReader(str(path)).tensors:
+            if t.name == "rope_freqs.weight":
+                continue  # lfm3: RoPE frequency factors, checked by write_lfm3_ggufs
             w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
             types.add(t.tensor_type.name)
             hf = gguf_hf_name(family, t.name)
@@ -686,6 +696,187 @@ def gguf_refs(name: str) -> None:
             assert d <= 1e-5, d
 
 
+# ----------------------------------------------------------------------------
+# LFM3 GGUFs (llama.cpp has no LFM3 architecture yet; see DEVELOPERS.md "LFM3 in GGUF")
+# ----------------------------------------------------------------------------
+
+LFM3_GGUF_TYPES = ["f32", "f16", "bf16", "q8_0"]
+
+# blk.N.<gguf> <-> model.layers.N.<hf>: llama.cpp's lfm2 names, plus the names llama.cpp uses
+# for the same tensors elsewhere (gemma2/3 post norms; bailingmoe3/dots3note per-head gate,
+# which llama.cpp's tensor map also takes from `self_attn.gate_proj` / `self_attn.g_proj`).
+LFM3_GGUF_TO_HF = {
+    "attn_norm": "operator_norm",
+    "post_attention_norm": "post_operator_norm",
+    "ffn_norm": "ffn_norm",
+    "post_ffw_norm": "post_ffn_norm",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+    "shortconv.conv": "conv.conv",
+    "shortconv.in_proj": "conv.in_proj",
+    "shortconv.out_proj": "conv.out_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_gate": "self_attn.g_proj",  # the module (state_dict) name; saved as self_attn.gate_proj
+}
+
+
+def lfm3_gguf_name(hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
+           # llama.cpp's lfm2 stores the final `embedding_norm` as token_embd_norm; lfm3 keeps that.
+           "model.embedding_norm.weight": "token_embd_norm.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, bid, rest = hf.split(".", 3)
+    module, suffix = rest.rsplit(".", 1)
+    inv = {v: k for k, v in LFM3_GGUF_TO_HF.items()}
+    inv["self_attn.gate_proj"] = "attn_gate"  # transformers 5.24 saves g_proj under this name
+    return f"blk.{bid}.{inv[module]}.{suffix}"
+
+
+def _gguf_vocab(gguf, w, model_dir: Path, vocab_size: int) -> None:
+    """Tokenizer metadata as convert_hf_to_gguf.py's GPT-2 BPE path writes it: every id's token
+    (added special tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL), merges,
+    special ids, add_bos/add_eos and the chat template (gguf-py's SpecialVocab)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rev = {i: t for t, i in tok.vocab.items()}
+    added = tok.get_added_vocab()
+    tokens, types = [], []
+    for i in range(vocab_size):
+        t = rev[i]
+        if t in added:
+            types.append(gguf.TokenType.CONTROL if tok.added_tokens_decoder[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+        tokens.append(t)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(GGUF_PRE)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    gguf.SpecialVocab(str(model_dir), load_merges=True).add_to_gguf(w)
+
+
+def _tokenizer_fields(gguf, path: Path) -> dict:
+    r = gguf.GGUFReader(str(path))
+    return {f.name: f.contents() for f in r.fields.values() if f.name.startswith("tokenizer.")}
+
+
+def write_lfm3_ggufs(name: str) -> dict:
+    """``model-{f32,f16,bf16,q8_0}.gguf`` of the lfm3 fixture, written with gguf-py's GGUFWriter
+    (llama.cpp has no LFM3 converter). Metadata and tensor names follow llama.cpp's conventions
+    (DEVELOPERS.md); tensor types follow convert_hf_to_gguf.py's rules (1-D tensors, norms and
+    the short-conv kernel stay F32, the rest takes the output type). The proportional RoPE of
+    full-attention layers is gemma4's encoding: rope.dimension_count = head_dim and a
+    ``rope_freqs`` tensor of per-pair frequency divisors (1 = rotated, 1e30 = not rotated),
+    checked here against transformers' own inverse frequencies. Returns meta.json's ``gguf``."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import load_file
+
+    gguf = _import_gguf()
+    out = FIXTURES / name
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "lfm3"
+    sd = load_file(str(out / "model.safetensors"))
+    kinds = cfg["layer_types"]
+    n_layers, hd = cfg["num_hidden_layers"], cfg["head_dim"]
+    assert len(kinds) == n_layers and set(kinds) <= {"conv", "sliding_attention", "full_attention"}
+    rp_full = cfg["rope_parameters"]["full_attention"]
+    rp_swa = cfg["rope_parameters"]["sliding_attention"]
+    assert rp_full["rope_type"] == "proportional" and rp_swa["rope_type"] == "default", cfg["rope_parameters"]
+    assert cfg.get("use_attention_gate", True) and cfg.get("use_sandwich_norm", True)
+    assert not cfg.get("conv_bias") and not cfg.get("attention_bias")
+
+    # Proportional RoPE as llama.cpp's neox RoPE over all head_dim dims (theta_i = p *
+    # base^(-2i/head_dim) / factor_i): factor 1 for the rotated pairs, 1e30 (angle 0) for the rest.
+    rope_angles = int(rp_full.get("partial_rotary_factor", 1.0) * hd // 2)
+    factors = np.array([1.0] * rope_angles + [1e30] * (hd // 2 - rope_angles), dtype=np.float32)
+    rot = load(out).model.rotary_emb
+    for lt, theta, f in (("full_attention", rp_full["rope_theta"], factors),
+                         ("sliding_attention", rp_swa["rope_theta"], np.ones(hd // 2, np.float32))):
+        want = getattr(rot, f"{lt}_inv_freq").numpy()
+        ggml = (1.0 / (np.float64(theta) ** (np.arange(0, hd, 2) / hd)) / f.astype(np.float64)).astype(np.float32)
+        off = f >= 1e30
+        assert ((want == 0) == off).all(), (lt, want, f)
+        assert np.allclose(ggml[~off], want[~off], rtol=1e-6, atol=0), (lt, ggml, want)
+        # not rotated: angle < 1e-20 rad even at position max_position_embeddings
+        assert (ggml[off] * cfg["max_position_embeddings"] < 1e-20).all(), (lt, ggml)
+
+    ftypes = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    qtypes = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+    result = {}
+    for kind in LFM3_GGUF_TYPES:
+        path = out / f"model-{kind}.gguf"
+        w = gguf.GGUFWriter(str(path), "lfm3")
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name("Lfm3")
+        w.add_block_count(n_layers)
+        w.add_context_length(cfg["max_position_embeddings"])
+        w.add_embedding_length(cfg["hidden_size"])
+        w.add_feed_forward_length(int(sd["model.layers.0.feed_forward.w1.weight"].shape[0]))
+        w.add_head_count(cfg["num_attention_heads"])
+        # as llama.cpp's lfm2: a per-layer kv head count, 0 for conv layers
+        w.add_head_count_kv([0 if k == "conv" else cfg["num_key_value_heads"] for k in kinds])
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(cfg["norm_eps"])
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([k == "sliding_attention" for k in kinds])
+        w.add_rope_freq_base(rp_full["rope_theta"])
+        w.add_rope_freq_base_swa(rp_swa["rope_theta"])
+        w.add_rope_dimension_count(hd)
+        w.add_rope_dimension_count_swa(hd)
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_shortconv_l_cache(cfg["conv_L_cache"])
+        w.add_file_type(ftypes[kind])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _gguf_vocab(gguf, w, out, cfg["vocab_size"])
+
+        w.add_tensor("rope_freqs.weight", factors, raw_dtype=gguf.GGMLQuantizationType.F32)
+        for hf in sorted(sd):
+            data = sd[hf].astype(np.float32)
+            gname = lfm3_gguf_name(hf)
+            if hf.endswith("conv.conv.weight"):
+                data = data.squeeze(1)  # [H, 1, K] -> [H, K], as llama.cpp's lfm2
+            qt = qtypes[kind]
+            if data.ndim <= 1 or gname.endswith("_norm.weight") or ".shortconv.conv." in gname:
+                qt = gguf.GGMLQuantizationType.F32
+            try:
+                q = gguf.quants.quantize(data, qt)
+            except gguf.QuantError:
+                qt = gguf.GGMLQuantizationType.F16
+                q = gguf.quants.quantize(data, qt)
+            w.add_tensor(gname, q, raw_dtype=qt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        result[path.name] = gguf_index(path)
+        print(f"   wrote {path.name}", flush=True)
+
+    # The tokenizer metadata must be what llama.cpp's converter writes for the same tokenizer
+    # (lfm2_b was converted by it from identical tokenizer files).
+    other = FIXTURES / "lfm2_b"
+    if (other / "model-f32.gguf").exists() and all(
+            (other / f).read_bytes() == (out / f).read_bytes()
+            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")):
+        mine, theirs = _tokenizer_fields(gguf, out / "model-f32.gguf"), _tokenizer_fields(gguf, other / "model-f32.gguf")
+        assert mine == theirs, sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        print("   tokenizer metadata == llama.cpp converter's (lfm2_b/model-f32.gguf)", flush=True)
+    else:
+        print("   (lfm2_b/model-f32.gguf not comparable; tokenizer metadata not cross-checked)", flush=True)
+    return result
+
+
 def main(argv: list[str]) -> None:
     if len(argv) >= 1 and argv[0] == "--convert":
         _convert_main(argv[1], [tuple(j) for j in json.loads(argv[2])])
@@ -695,9 +886,18 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     torch.use_deterministic_algorithms(True)
     if len(argv) >= 1 and argv[0] == "--gguf-refs-only":
-        for name in argv[1:] or GGUF_FIXTURES:
+        for name in argv[1:] or GGUF_FIXTURES + OWN_GGUF_FIXTURES:
             print(f"== {name}", flush=True)
             gguf_refs(name)
+        return
+    if len(argv) >= 1 and argv[0] == "--lfm3-gguf":
+        # (Re)write the LFM3 GGUFs from the committed checkpoint, then their references.
+        meta_path = FIXTURES / "lfm3" / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta.pop("gguf_note", None)
+        meta["gguf"] = write_lfm3_ggufs("lfm3")
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        gguf_refs("lfm3")
         return
     names = argv or ALL
     import tempfile
@@ -711,9 +911,10 @@ def main(argv: list[str]) -> None:
             meta = gen_fixture(name, tok_dir)
             if name in GGUF_FIXTURES:
                 run_gguf(name, meta)
+            elif name in OWN_GGUF_FIXTURES:
+                meta["gguf"] = write_lfm3_ggufs(name)
             else:
                 meta["gguf"] = None
-                meta["gguf_note"] = "llama.cpp 0c1e570 has no LFM3 support; no GGUF made"
             (FIXTURES / name / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             if meta.get("gguf"):
                 gguf_refs(name)

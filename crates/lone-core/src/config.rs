@@ -466,7 +466,7 @@ impl ModelConfig {
             partial_rotary_factor: 1.0,
             proportional: false,
         };
-        Ok(ModelConfig {
+        let mut cfg = ModelConfig {
             arch,
             vocab_size,
             hidden_size,
@@ -489,7 +489,141 @@ impl ModelConfig {
             bos_token_id: bos,
             eos_token_ids: eos,
             raw: Value::Null,
-        })
+        };
+        if arch == Arch::Lfm3 {
+            cfg.lfm3_from_gguf(g)?;
+        }
+        Ok(cfg)
+    }
+
+    /// What an `lfm3` GGUF adds to lfm2's metadata. llama.cpp has no LFM3 architecture yet; these
+    /// are llama.cpp's keys for the same things in other architectures (DEVELOPERS.md, "LFM3 in
+    /// GGUF"): `attention.sliding_window_pattern` (one bool per layer) and
+    /// `attention.sliding_window`; `rope.freq_base` (full attention) and `rope.freq_base_swa`;
+    /// proportional RoPE as gemma4 stores it: `rope.dimension_count` = head_dim and a
+    /// `rope_freqs` tensor of per-pair frequency divisors, 1 for rotated pairs and 1e30 (angle
+    /// zero) for the rest. The output gate and sandwich norms are on when their tensors exist.
+    fn lfm3_from_gguf(&mut self, g: &GgufFile) -> Result<()> {
+        let path = g.path.display().to_string();
+        let a = self.arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let lacks = |k: &str, what: &str| {
+            cfg_err(format!(
+                "{path}: GGUF metadata lacks {} ({what}), which an lfm3 GGUF needs",
+                key(k)
+            ))
+        };
+        let hd = self.head_dim;
+
+        // Layer kinds: conv (head_count_kv 0, already set), sliding or full attention.
+        let k = "attention.sliding_window_pattern";
+        let pattern: Vec<bool> = g
+            .meta(&key(k))
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| lacks(k, "one bool per layer, true for sliding-window attention"))?
+            .iter()
+            .map(|x| x.as_bool().or_else(|| x.as_u64().map(|x| x != 0)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| cfg_err(format!("{path}: {} must hold bools", key(k))))?;
+        if pattern.len() != self.n_layers {
+            return Err(cfg_err(format!(
+                "{path}: {} has {} entries for {} layers",
+                key(k),
+                pattern.len(),
+                self.n_layers
+            )));
+        }
+        for (i, (kind, &swa)) in self.layer_kinds.iter_mut().zip(&pattern).enumerate() {
+            if swa {
+                if *kind == LayerKind::Conv {
+                    return Err(cfg_err(format!(
+                        "{path}: layer {i} is a conv layer (head_count_kv 0) but {} marks it sliding",
+                        key(k)
+                    )));
+                }
+                *kind = LayerKind::SlidingAttention;
+            }
+        }
+        let has = |kind| self.layer_kinds.contains(&kind);
+        let (has_full, has_swa, has_conv) = (
+            has(LayerKind::Attention),
+            has(LayerKind::SlidingAttention),
+            has(LayerKind::Conv),
+        );
+
+        let get_u = |k: &str| g.meta(&key(k)).and_then(|v| v.as_u64()).map(|x| x as usize);
+        let get_f = |k: &str| g.meta(&key(k)).and_then(|v| v.as_f64());
+        if has_swa {
+            let k = "attention.sliding_window";
+            self.sliding_window = get_u(k).ok_or_else(|| lacks(k, "the sliding window"))?;
+        }
+        if has_conv {
+            let k = "shortconv.l_cache";
+            self.conv_kernel = get_u(k).ok_or_else(|| lacks(k, "the conv kernel size"))?;
+        }
+
+        // RoPE. llama.cpp's default rotary width is head_dim; lone rotates all of it (the
+        // proportional part is in rope_freqs).
+        for k in ["rope.dimension_count", "rope.dimension_count_swa"] {
+            if let Some(n) = get_u(k) {
+                if n != hd {
+                    return Err(Error::Unsupported(format!(
+                        "{path}: {} = {n}: lfm3 rotates all of head_dim {hd} (partial RoPE is \
+                         stored as rope_freqs)",
+                        key(k)
+                    )));
+                }
+            }
+        }
+        if has_full {
+            let k = "rope.freq_base";
+            self.rope.theta = get_f(k).ok_or_else(|| lacks(k, "RoPE base of full attention"))?;
+            let t = g.tensor("rope_freqs.weight").ok_or_else(|| {
+                cfg_err(format!(
+                    "{path}: an lfm3 GGUF with full-attention layers needs the tensor \
+                     rope_freqs.weight (proportional RoPE: 1 per rotated pair, 1e30 per other)"
+                ))
+            })?;
+            let f = t.to_f32_vec();
+            let rotated = f.iter().take_while(|&&x| x == 1.0).count();
+            if f.len() != hd / 2 || f[rotated..].iter().any(|&x| x < 1e30) {
+                return Err(Error::Unsupported(format!(
+                    "{path}: rope_freqs.weight must be {} factors, 1 for the rotated pairs then \
+                     >= 1e30 (not rotated); other frequency factors are not supported",
+                    hd / 2
+                )));
+            }
+            self.rope.proportional = true;
+            self.rope.partial_rotary_factor = (2 * rotated) as f64 / hd as f64;
+            // models/lfm3.rs turns the factor back into a pair count as transformers does
+            if (self.rope.partial_rotary_factor * hd as f64 / 2.0) as usize != rotated {
+                return Err(Error::Unsupported(format!(
+                    "{path}: {rotated} rotated RoPE pairs of head_dim {hd} do not round-trip \
+                     through partial_rotary_factor"
+                )));
+            }
+        }
+        if has_swa {
+            let k = "rope.freq_base_swa";
+            self.rope_sliding = RopeConfig {
+                theta: get_f(k).ok_or_else(|| lacks(k, "RoPE base of sliding-window attention"))?,
+                partial_rotary_factor: 1.0,
+                proportional: false,
+            };
+        }
+
+        // Output gate and sandwich norms: on when their tensors are there.
+        let first_attn = self.layer_kinds.iter().position(|k| *k != LayerKind::Conv);
+        let gate = first_attn.is_some_and(|i| {
+            g.tensor_info(&format!("blk.{i}.attn_gate.weight"))
+                .is_some()
+        });
+        let sandwich = g.tensor_info("blk.0.post_attention_norm.weight").is_some();
+        self.raw = serde_json::json!({
+            "use_attention_gate": gate,
+            "use_sandwich_norm": sandwich,
+        });
+        Ok(())
     }
 
     /// Sanity checks that keep later indexing in bounds.

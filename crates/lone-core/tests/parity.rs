@@ -227,4 +227,6 @@ family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]
 family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_b, "lfm2_b", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
-family!(lfm3, "lfm3", ggufs: []);
+// lfm3: GGUFs written by generate.py with gguf-py (llama.cpp has no LFM3 converter); the
+// reference is the same dequantize-into-transformers path as for the converter's files.
+family!(lfm3, "lfm3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);

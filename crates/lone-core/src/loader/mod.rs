@@ -59,6 +59,11 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
         "conv.in_proj" => "shortconv.in_proj",
         "conv.conv" => "shortconv.conv",
         "conv.out_proj" => "shortconv.out_proj",
+        // LFM3 (no llama.cpp arch yet; names as llama.cpp uses them elsewhere, see DEVELOPERS.md):
+        // sandwich norms as gemma2/3's, the per-head output gate as bailingmoe3's.
+        "post_operator_norm" => "post_attention_norm",
+        "post_ffn_norm" => "post_ffw_norm",
+        "self_attn.g_proj" | "self_attn.gate_proj" => "attn_gate",
         _ => return None,
     };
     Some(format!("blk.{idx}.{g}.{suffix}"))
