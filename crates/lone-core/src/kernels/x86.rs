@@ -1446,6 +1446,48 @@ unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
     }
 }
 
+// ------------------------------------------------------------------ vector primitives
+
+/// `Σ a[i]·b[i]` over `n` f32: four accumulator chains, a scalar tail.
+#[inline(always)]
+unsafe fn dot_v<V: F32V>(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let l = V::LANES;
+    let mut acc = [V::zero(); 4];
+    let mut i = 0;
+    while i + 4 * l <= n {
+        for u in 0..4 {
+            acc[u] = V::fma(V::load(a.add(i + u * l)), V::load(b.add(i + u * l)), acc[u]);
+        }
+        i += 4 * l;
+    }
+    while i + l <= n {
+        acc[0] = V::fma(V::load(a.add(i)), V::load(b.add(i)), acc[0]);
+        i += l;
+    }
+    let mut s = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3])).hsum();
+    while i < n {
+        s += *a.add(i) * *b.add(i);
+        i += 1;
+    }
+    s
+}
+
+/// `y[i] += a·x[i]` over `n` f32.
+#[inline(always)]
+unsafe fn axpy_v<V: F32V>(y: *mut f32, a: f32, x: *const f32, n: usize) {
+    let l = V::LANES;
+    let av = V::splat(a);
+    let mut i = 0;
+    while i + l <= n {
+        V::fma(av, V::load(x.add(i)), V::load(y.add(i))).store(y.add(i));
+        i += l;
+    }
+    while i < n {
+        *y.add(i) += a * *x.add(i);
+        i += 1;
+    }
+}
+
 /// Float weight rows to f32 (`k` elements), vectorised.
 #[inline(always)]
 unsafe fn deq_float<V: F32V, W: FloatW>(src: *const u8, dst: *mut f32, k: usize) {
@@ -1533,6 +1575,14 @@ macro_rules! level {
      $gr:literal, $deqleg:ident) => {
         pub(crate) mod $m {
             use super::*;
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+                dot_v::<$V>(a, b, n)
+            }
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
+                axpy_v::<$V>(y, a, x, n)
+            }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {
                 gemm_tile::<$V, $gr>(g)

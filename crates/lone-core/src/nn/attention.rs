@@ -190,16 +190,13 @@ impl Attention {
             let qh = &q[h * hd..(h + 1) * hd];
             for (s, j) in scores.iter_mut().zip(first..=pos) {
                 let kr = &kc[slot(j) * kvd + kvh * hd..][..hd];
-                *s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
+                *s = kernels::dot(qh, kr) * scale;
             }
             kernels::softmax(&mut scores);
             let o = &mut out[h * hd..(h + 1) * hd];
             o.fill(0.0);
             for (p, j) in scores.iter().zip(first..=pos) {
-                let vr = &vc[slot(j) * kvd + kvh * hd..][..hd];
-                for (a, b) in o.iter_mut().zip(vr) {
-                    *a += p * b;
-                }
+                kernels::axpy(o, *p, &vc[slot(j) * kvd + kvh * hd..][..hd]);
             }
         }
     }
