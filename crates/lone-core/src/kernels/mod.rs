@@ -20,6 +20,8 @@
 //!
 //! Float weights (F32, F16, BF16) always use f32 activations, so both modes agree on them.
 
+#[cfg(target_arch = "x86_64")]
+mod int8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod pool;
@@ -235,6 +237,8 @@ struct Kernel {
     act: Act,
     /// The f32 GEMM used instead of `f` for many activation rows (exact kernels only).
     gemm: Option<Gemm>,
+    /// Fast mode: the 8-bit GEMM ([`int8`]) is used instead of `f` for many activation rows.
+    igemm: bool,
 }
 
 /// The 8-bit activation format llama.cpp pairs with a weight format.
@@ -271,6 +275,7 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         f: scalar_rows,
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
         gemm: None,
+        igemm: false,
     };
     match isa {
         Isa::Scalar => scalar,
@@ -281,6 +286,7 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             f,
             act: Act::F32,
             gemm: None,
+            igemm: false,
         }),
         #[allow(unreachable_patterns)]
         _ => scalar,
@@ -317,6 +323,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             f,
             act: Act::F32,
             gemm: Some(Gemm { deq, tile, tb }),
+            igemm: false,
         })
     };
     if let Some(ad) = fast_act {
@@ -335,6 +342,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             f,
             act: Act::Quant(ad),
             gemm: None,
+            igemm: isa == Isa::Avx512 && int8::supports(dtype),
         });
     }
     match dtype {
@@ -526,6 +534,11 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
         gemm(g, w, x, n, out);
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if kern.igemm && n >= GEMM_MIN_ROWS && k.is_multiple_of(32) {
+        igemm(w, x, n, out);
+        return;
+    }
     let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let (xp, xs): (*const u8, usize) = match kern.act {
@@ -682,6 +695,111 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
         });
     });
     XPACK.with(|b| *b.borrow_mut() = xpack);
+}
+
+thread_local! {
+    static IBUF: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static XIPACK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Fast mode's many-row path ([`int8`]): activation rows quantized to 8 bits and packed once,
+/// then each task unpacks `GEMM_TILE_ROWS` weight rows to 8-bit codes and multiplies them by
+/// every packed block with `vpdpbusd`. Only on an AVX-512 VNNI CPU (the caller checks).
+#[cfg(target_arch = "x86_64")]
+fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let k = w.row_len();
+    let m = w.n_rows();
+    let dtype = w.dtype;
+    let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
+    let blocks = n.div_ceil(int8::TB);
+    let (xb, fb) = int8::block_sizes(k);
+    let (mut xq, mut xf) = XIPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    xq.resize(blocks * xb, 0);
+    xf.resize(2 * blocks * fb, 0.0);
+    let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
+    parallel_for(blocks, 1, &|range| {
+        let (xqp, xfp) = (&xqp, &xfp);
+        for b in range {
+            let rows = int8::TB.min(n - b * int8::TB);
+            // SAFETY: block b's bytes and f32 (dx in the first half of xf, sx in the second)
+            // lie inside the buffers sized above and only this task writes them; x holds
+            // rows·k f32 from row b·TB; k is a multiple of 32; AVX-512 VNNI (igemm flag).
+            unsafe {
+                int8::pack_x(
+                    x.as_ptr().add(b * int8::TB * k),
+                    rows,
+                    k,
+                    xqp.0.add(b * xb),
+                    xfp.0.add(b * fb),
+                    xfp.0.add((blocks + b) * fb),
+                )
+            };
+        }
+    });
+    let wp = SendPtr(w.data().as_ptr() as *mut u8);
+    let op = SendPtr(out.as_mut_ptr());
+    let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
+    parallel_for(m, GEMM_TILE_ROWS, &|range| {
+        let (wp, op, xqp, xfp) = (&wp, &op, &xqp, &xfp);
+        let rows = range.len();
+        // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
+        let cs = k + 64;
+        let gs = k / 16;
+        IBUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let (codes, f) = &mut *buf;
+            codes.resize(rows * cs, 0);
+            f.resize(2 * rows * gs, 0.0);
+            let (dw, cw) = f.split_at_mut(rows * gs);
+            for r in 0..rows {
+                // SAFETY: row range.start + r is inside the m·rb weight bytes; the outputs
+                // are row r of buffers sized above; `dtype` is supported (igemm flag).
+                unsafe {
+                    int8::unpack(
+                        dtype,
+                        wp.0.add((range.start + r) * rb),
+                        k,
+                        codes.as_mut_ptr().add(r * cs),
+                        dw.as_mut_ptr().add(r * gs),
+                        cw.as_mut_ptr().add(r * gs),
+                    )
+                };
+            }
+            let a = int8::IGemmArgs {
+                codes: codes.as_ptr(),
+                c_stride: cs,
+                dw: dw.as_ptr(),
+                cw: cw.as_ptr(),
+                g_stride: gs,
+                rows,
+                xq: xqp.0,
+                dx: xfp.0,
+                sx: xfp.0.wrapping_add(blocks * fb),
+                n,
+                k,
+                // SAFETY: columns `range` of every output row (out has n·m elements).
+                out: unsafe { op.0.add(range.start) },
+                out_stride: m,
+            };
+            // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
+            // task's range is written by this task alone; rows ≥ 1, n ≥ GEMM_MIN_ROWS.
+            unsafe { int8::gemm(&a) };
+        });
+    });
+    XIPACK.with(|b| *b.borrow_mut() = (xq, xf));
+}
+
+/// The 8-bit format fast mode multiplies `dtype` weights with for `n` activation rows on
+/// `isa`, if any (tests use it to build the effective activations).
+#[cfg(test)]
+fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
+    let ad = act_format(dtype)?;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && int8::supports(dtype) && n >= GEMM_MIN_ROWS && k.is_multiple_of(32) {
+        return Some(DType::Q8_0);
+    }
+    let _ = (isa, n, k);
+    Some(ad)
 }
 
 /// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of

@@ -57,8 +57,8 @@ fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8>
 
 /// The activations a kernel effectively multiplies: `x` itself, or its 8-bit blocks
 /// dequantized in fast mode.
-fn effective_x(dtype: DType, exact: bool, x: &[f32], k: usize) -> Vec<f32> {
-    match act_format(dtype) {
+fn effective_x(isa: Isa, dtype: DType, exact: bool, x: &[f32], k: usize) -> Vec<f32> {
+    match fast_act_for(isa, dtype, x.len() / k, k) {
         Some(ad) if !exact => {
             let mut out = vec![0.0; x.len()];
             for (xr, o) in x.chunks(k).zip(out.chunks_mut(k)) {
@@ -78,7 +78,7 @@ fn check(isa: Isa, exact: bool, dtype: DType, m: usize, k: usize, n: usize, rng:
     let w = Tensor::from_bytes(dtype, vec![m, k], wb);
     let mut out = vec![f32::NAN; n * m];
     matmul_with(isa, exact, &w, &x, n, &mut out);
-    let xe = effective_x(dtype, exact, &x, k);
+    let xe = effective_x(isa, dtype, exact, &x, k);
     let mut wrow = vec![0.0f32; k];
     for r in 0..m {
         w.row_to_f32(r, &mut wrow);

@@ -411,7 +411,7 @@ pub(super) struct XQ6K;
 /// scales, then 8 six-bit mins; the same values as `scale_min_k4`), then widened and scaled
 /// in SIMD: one f32 multiply each, as in the reference.
 #[inline(always)]
-unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+pub(super) unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
@@ -442,7 +442,7 @@ unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
 /// Q4_K/Q5_K quants: 32-byte chunk `i` of `qs` holds sub-block 2i (low nibbles) and 2i+1
 /// (high nibbles); Q5_K's bit 4 of element l of sub-block s is bit s of `qh[l]`.
 #[inline(always)]
-unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
+pub(super) unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
     let qs_off = if FIVE { 48 } else { 16 };
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
