@@ -848,9 +848,29 @@ pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
 
 /// `a = silu(a) * b`, elementwise.
 pub fn silu_mul(a: &mut [f32], b: &[f32]) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = *x / (1.0 + (-*x).exp()) * y;
+    assert_eq!(a.len(), b.len(), "silu_mul: lengths");
+    let one = |a: &mut [f32], b: &[f32]| {
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = *x / (1.0 + (-*x).exp()) * y;
+        }
+    };
+    // Prefill-sized inputs (an exp per element) are split over the pool.
+    const CHUNK: usize = 16 * 1024;
+    if a.len() < 2 * CHUNK {
+        return one(a, b);
     }
+    let ap = SendPtr(a.as_mut_ptr());
+    let len = a.len();
+    parallel_for(len.div_ceil(CHUNK), 1, &|range| {
+        let ap = &ap;
+        for c in range {
+            let s = c * CHUNK;
+            let e = (s + CHUNK).min(len);
+            // SAFETY: chunk c of `a` is written by this task alone; the borrow outlives the op.
+            let ac = unsafe { std::slice::from_raw_parts_mut(ap.0.add(s), e - s) };
+            one(ac, &b[s..e]);
+        }
+    });
 }
 
 /// Softmax in place.

@@ -119,6 +119,19 @@ impl Attention {
             );
         }
         let mut ctx = vec![0.0; n * qd];
+        if let Some(pos0) = self.one_sequence_prefill(rows, caches, layer) {
+            for (i, r) in rows.iter().enumerate() {
+                write_kv(
+                    &mut caches[r.seq].layers[layer],
+                    r.pos,
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                );
+            }
+            self.attend_gemm(&q, &caches[rows[0].seq].layers[layer], pos0, n, &mut ctx);
+            self.apply_gate(x, n, &mut ctx);
+            return ctx;
+        }
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
         let chunk = match &caches.first().map(|c| &c.layers[layer]) {
@@ -157,16 +170,106 @@ impl Attention {
             });
             start = end;
         }
+        self.apply_gate(x, n, &mut ctx);
+        ctx
+    }
+
+    /// LFM3's per-head sigmoid output gate, if any.
+    fn apply_gate(&self, x: &[f32], n: usize, ctx: &mut [f32]) {
+        let hd = self.head_dim;
         if let Some(g) = &self.gate {
             let gates = g.forward(x, n);
-            for (row, gr) in ctx.chunks_mut(qd).zip(gates.chunks(self.n_heads)) {
+            for (row, gr) in ctx
+                .chunks_mut(self.n_heads * hd)
+                .zip(gates.chunks(self.n_heads))
+            {
                 for (head, &gv) in row.chunks_mut(hd).zip(gr) {
                     let s = 1.0 / (1.0 + (-gv).exp());
                     head.iter_mut().for_each(|v| *v *= s);
                 }
             }
         }
-        ctx
+    }
+
+    /// The start position if `rows` are positions pos0, pos0+1, … of one sequence with a
+    /// full-attention cache, enough of them for [`Attention::attend_gemm`] to pay.
+    fn one_sequence_prefill(
+        &self,
+        rows: &[Row],
+        caches: &[SeqCache],
+        layer: usize,
+    ) -> Option<usize> {
+        const MIN_ROWS: usize = 16;
+        let first = rows.first()?;
+        let consecutive = rows
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.seq == first.seq && r.pos == first.pos + i);
+        let full = matches!(
+            caches.get(first.seq)?.layers.get(layer)?,
+            LayerCache::Attention { .. }
+        );
+        (rows.len() >= MIN_ROWS && consecutive && full && self.window.is_none())
+            .then_some(first.pos)
+    }
+
+    /// Attention of `n` consecutive rows from `pos0` of one sequence as two matrix products
+    /// per KV head (scores = K·q for all the group's query heads, then V^T·p), so that long
+    /// prompts run on the GEMM kernels. Keys after a row's position are masked out of its
+    /// softmax (their scores are computed and dropped).
+    fn attend_gemm(&self, q: &[f32], cache: &LayerCache, pos0: usize, n: usize, ctx: &mut [f32]) {
+        let hd = self.head_dim;
+        let kvd = self.n_kv_heads * hd;
+        let qd = self.n_heads * hd;
+        let group = self.n_heads / self.n_kv_heads;
+        let nk = pos0 + n;
+        let LayerCache::Attention { k: kc, v: vc } = cache else {
+            unreachable!("checked by one_sequence_prefill")
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let nq = n * group;
+        let mut kh = vec![0.0f32; nk * hd];
+        let mut vt = vec![0.0f32; hd * nk];
+        let mut qg = vec![0.0f32; nq * hd];
+        let mut scores = vec![0.0f32; nq * nk];
+        let mut out = vec![0.0f32; nq * hd];
+        for kvh in 0..self.n_kv_heads {
+            for j in 0..nk {
+                let src = j * kvd + kvh * hd;
+                kh[j * hd..(j + 1) * hd].copy_from_slice(&kc[src..src + hd]);
+                for (d, &val) in vc[src..src + hd].iter().enumerate() {
+                    vt[d * nk + j] = val;
+                }
+            }
+            for i in 0..n {
+                for g in 0..group {
+                    let src = i * qd + (kvh * group + g) * hd;
+                    qg[(i * group + g) * hd..][..hd].copy_from_slice(&q[src..src + hd]);
+                }
+            }
+            let kt = crate::tensor::Tensor::from_f32(vec![nk, hd], &kh);
+            kernels::matmul(&kt, &qg, nq, &mut scores);
+            let slots: Vec<std::sync::Mutex<&mut [f32]>> =
+                scores.chunks_mut(nk).map(std::sync::Mutex::new).collect();
+            kernels::parallel_for(nq, 16, &|range| {
+                for row in range {
+                    let visible = pos0 + row / group + 1;
+                    let mut s = slots[row].lock().unwrap();
+                    s[..visible].iter_mut().for_each(|v| *v *= scale);
+                    kernels::softmax(&mut s[..visible]);
+                    s[visible..].fill(0.0);
+                }
+            });
+            drop(slots);
+            let vtt = crate::tensor::Tensor::from_f32(vec![hd, nk], &vt);
+            kernels::matmul(&vtt, &scores, nq, &mut out);
+            for i in 0..n {
+                for g in 0..group {
+                    let dst = i * qd + (kvh * group + g) * hd;
+                    ctx[dst..dst + hd].copy_from_slice(&out[(i * group + g) * hd..][..hd]);
+                }
+            }
+        }
     }
 
     fn attend(&self, q: &[f32], cache: &LayerCache, pos: usize, out: &mut [f32]) {

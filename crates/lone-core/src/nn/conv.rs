@@ -9,7 +9,9 @@ use crate::loader::Weights;
 pub struct ShortConv {
     pub in_proj: Linear,
     pub out_proj: Linear,
-    /// Taps `[dim, kernel]`; tap `kernel-1` multiplies the current position.
+    /// Taps transposed to `[kernel, dim]` (HF stores `[dim, 1, kernel]`): tap `kernel-1`
+    /// multiplies the current position. Row-major by tap so a position's update runs along
+    /// contiguous channels.
     pub taps: Vec<f32>,
     pub bias: Option<Vec<f32>>,
     pub dim: usize,
@@ -24,7 +26,13 @@ impl ShortConv {
         kernel: usize,
         bias: bool,
     ) -> Result<ShortConv> {
-        let taps = ws.get_f32(&format!("{prefix}.conv.weight"), &[dim, 1, kernel])?;
+        let stored = ws.get_f32(&format!("{prefix}.conv.weight"), &[dim, 1, kernel])?;
+        let mut taps = vec![0.0; kernel * dim];
+        for (ch, row) in stored.chunks(kernel).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                taps[t * dim + ch] = v;
+            }
+        }
         let cbias = if bias {
             Some(ws.get_f32(&format!("{prefix}.conv.bias"), &[dim])?)
         } else {
@@ -64,18 +72,24 @@ impl ShortConv {
                 *h = bb * xv;
             }
             let out = &mut y[i * d..(i + 1) * d];
-            for (ch, o) in out.iter_mut().enumerate() {
-                let mut acc = self.bias.as_ref().map_or(0.0, |b| b[ch]);
-                for t in 0..self.kernel {
-                    // Tap t looks at position pos - (kernel-1) + t.
-                    let back = self.kernel - 1 - t;
-                    if back > r.pos {
-                        continue;
-                    }
-                    let p = r.pos - back;
-                    acc += self.taps[ch * self.kernel + t] * hist[(p % cap) * d + ch];
+            match &self.bias {
+                Some(b) => out.copy_from_slice(b),
+                None => out.fill(0.0),
+            }
+            for t in 0..self.kernel {
+                // Tap t looks at position pos - (kernel-1) + t.
+                let back = self.kernel - 1 - t;
+                if back > r.pos {
+                    continue;
                 }
-                *o = c[ch] * acc;
+                let p = (r.pos - back) % cap;
+                let tap = &self.taps[t * d..(t + 1) * d];
+                for ((o, &w), &h) in out.iter_mut().zip(tap).zip(&hist[p * d..(p + 1) * d]) {
+                    *o += w * h;
+                }
+            }
+            for (o, &cv) in out.iter_mut().zip(c) {
+                *o *= cv;
             }
         }
         self.out_proj.forward(&y, n)
