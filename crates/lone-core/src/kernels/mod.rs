@@ -535,7 +535,7 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if kern.igemm && n >= GEMM_MIN_ROWS && k.is_multiple_of(32) {
+    if kern.igemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         igemm(w, x, n, out);
         return;
     }
@@ -606,8 +606,13 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
 }
 
 /// Activation rows from which the exact path switches from the matrix-vector kernels (which
-/// dequantize each weight block once per 4 activation rows) to dequantize-once + f32 GEMM.
-const GEMM_MIN_ROWS: usize = 8;
+/// dequantize each weight block once per 4 activation rows) to dequantize-once + f32 GEMM
+/// (measured crossover ≈ 13 rows on the dev machine: the GEMM pays a whole dequantization
+/// pass and computes 16 rows at a time).
+const GEMM_MIN_ROWS: usize = 16;
+
+/// The same for fast mode's 8-bit GEMM (crossover ≈ 6 rows: its unpacking pass is cheap).
+const IGEMM_MIN_ROWS: usize = 6;
 
 /// Weight rows dequantized at a time by one task of the GEMM path.
 const GEMM_TILE_ROWS: usize = 48;
@@ -782,7 +787,7 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 out_stride: m,
             };
             // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
-            // task's range is written by this task alone; rows ≥ 1, n ≥ GEMM_MIN_ROWS.
+            // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS.
             unsafe { int8::gemm(&a) };
         });
     });
@@ -795,7 +800,7 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
 fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
     let ad = act_format(dtype)?;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && int8::supports(dtype) && n >= GEMM_MIN_ROWS && k.is_multiple_of(32) {
+    if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
     }
     let _ = (isa, n, k);
