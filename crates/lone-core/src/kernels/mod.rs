@@ -18,8 +18,18 @@
 //!   with the *dequantized 8-bit activations*, up to f32 rounding.
 //!   Other quantized formats (Q2_K, Q3_K) always take the exact path.
 //!
-//! Float weights (F32, F16, BF16) always use f32 activations, so both modes agree on them.
+//!   With many activation rows (prefill, batches) fast mode runs an 8-bit GEMM ([`int8`]:
+//!   AVX-512 VNNI, activations in Q8_0-style blocks of 32 for every supported format).
+//! - BF16 weights in fast mode, with many activation rows on a CPU with AVX-512 BF16, take
+//!   bf16-rounded activations and `vdpbf16ps` ([`bf16`]), as llama.cpp does.
+//!
+//! Other float weights (F32, F16) always use f32 activations, so both modes agree on them.
+//!
+//! Exact mode with many activation rows dequantizes each weight tile once into f32 and runs a
+//! register-blocked f32 GEMM over all the rows (`gemm`).
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod int8;
 #[cfg(target_arch = "aarch64")]
@@ -239,6 +249,8 @@ struct Kernel {
     gemm: Option<Gemm>,
     /// Fast mode: the 8-bit GEMM ([`int8`]) is used instead of `f` for many activation rows.
     igemm: bool,
+    /// Fast mode, BF16 weights: the bf16 GEMM ([`bf16`]) for many activation rows.
+    bgemm: bool,
 }
 
 /// The 8-bit activation format llama.cpp pairs with a weight format.
@@ -276,17 +288,23 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
         gemm: None,
         igemm: false,
+        bgemm: false,
     };
     match isa {
         Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => x86_kernel(isa, dtype, fast_act).unwrap_or(scalar),
+        Isa::Avx2 | Isa::Avx512 => {
+            let mut k = x86_kernel(isa, dtype, fast_act).unwrap_or(scalar);
+            k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
+            k
+        }
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel {
             f,
             act: Act::F32,
             gemm: None,
             igemm: false,
+            bgemm: false,
         }),
         #[allow(unreachable_patterns)]
         _ => scalar,
@@ -324,6 +342,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             act: Act::F32,
             gemm: Some(Gemm { deq, tile, tb }),
             igemm: false,
+            bgemm: false,
         })
     };
     if let Some(ad) = fast_act {
@@ -343,6 +362,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             act: Act::Quant(ad),
             gemm: None,
             igemm: isa == Isa::Avx512 && int8::supports(dtype),
+            bgemm: false,
         });
     }
     match dtype {
@@ -530,6 +550,11 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
         out.fill(0.0);
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if kern.bgemm && n >= BGEMM_MIN_ROWS {
+        bgemm(w, x, n, out);
+        return;
+    }
     if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS) {
         gemm(g, w, x, n, out);
         return;
@@ -613,6 +638,59 @@ const GEMM_MIN_ROWS: usize = 16;
 
 /// The same for fast mode's 8-bit GEMM (crossover ≈ 6 rows: its unpacking pass is cheap).
 const IGEMM_MIN_ROWS: usize = 6;
+
+/// The same for fast mode's bf16 GEMM (no unpacking at all; 16 rows per pass).
+const BGEMM_MIN_ROWS: usize = 8;
+
+thread_local! {
+    static BPACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Fast mode's many-row path for BF16 weights ([`bf16`]): activation rows rounded to bf16 and
+/// packed once, then every weight row (used in place) multiplied by every block.
+#[cfg(target_arch = "x86_64")]
+fn bgemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let k = w.row_len();
+    let m = w.n_rows();
+    let rb = 2 * k;
+    let blocks = n.div_ceil(bf16::TB);
+    let bl = bf16::block_len(k);
+    let mut xp = BPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    xp.resize(blocks * bl, 0);
+    let pp = SendPtr(xp.as_mut_ptr());
+    parallel_for(blocks, 1, &|range| {
+        let pp = &pp;
+        for b in range {
+            let rows = bf16::TB.min(n - b * bf16::TB);
+            // SAFETY: block b's u32 lie inside xp and only this task writes them; x holds
+            // rows·k f32 from row b·TB; the bgemm flag means bf16::available().
+            unsafe { bf16::pack_x(x.as_ptr().add(b * bf16::TB * k), rows, k, pp.0.add(b * bl)) };
+        }
+    });
+    let wp = SendPtr(w.data().as_ptr() as *mut u8);
+    let op = SendPtr(out.as_mut_ptr());
+    let xq = SendPtr(xp.as_mut_ptr());
+    parallel_for(m, GEMM_TILE_ROWS, &|range| {
+        let (wp, op, xq) = (&wp, &op, &xq);
+        let a = bf16::Bf16GemmArgs {
+            // SAFETY: rows of `range` lie inside the m·rb weight bytes (checked by
+            // matmul_kernel).
+            w: unsafe { wp.0.add(range.start * rb) },
+            w_stride: rb,
+            rows: range.len(),
+            x: xq.0,
+            n,
+            k,
+            // SAFETY: columns `range` of every output row (out has n·m elements).
+            out: unsafe { op.0.add(range.start) },
+            out_stride: m,
+        };
+        // SAFETY: the args describe valid buffers; out[t·m + r] for r in this task's range is
+        // written by this task alone; rows ≥ 1, n ≥ BGEMM_MIN_ROWS; bf16::available().
+        unsafe { bf16::gemm(&a) };
+    });
+    BPACK.with(|b| *b.borrow_mut() = xp);
+}
 
 /// Weight rows dequantized at a time by one task of the GEMM path.
 const GEMM_TILE_ROWS: usize = 48;
@@ -798,6 +876,10 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
 /// `isa`, if any (tests use it to build the effective activations).
 #[cfg(test)]
 fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
+    #[cfg(target_arch = "x86_64")]
+    if dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available() && n >= BGEMM_MIN_ROWS {
+        return Some(DType::BF16);
+    }
     let ad = act_format(dtype)?;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
