@@ -3,7 +3,7 @@
 //!
 //! Matrix products go through [`matmul`], which picks a kernel for the weight format from a
 //! table built once for the CPU ([`Isa`], detected at first use) and splits the weight rows
-//! over the persistent thread pool ([`pool`], configured by [`set_threads`]).
+//! over the persistent thread pool (`pool`, configured by [`set_threads`]).
 //!
 //! Two numeric modes (see [`set_exact`]):
 //! - **exact** (default): quantized weights are dequantized (bit-exactly, block by block) and
@@ -18,10 +18,10 @@
 //!   with the *dequantized 8-bit activations*, up to f32 rounding.
 //!   Other quantized formats (Q2_K, Q3_K) always take the exact path.
 //!
-//!   With many activation rows (prefill, batches) fast mode runs an 8-bit GEMM ([`int8`]:
+//!   With many activation rows (prefill, batches) fast mode runs an 8-bit GEMM (`kernels/int8.rs`:
 //!   AVX-512 VNNI, activations in Q8_0-style blocks of 32 for every supported format).
 //! - BF16 weights in fast mode, with many activation rows on a CPU with AVX-512 BF16, take
-//!   bf16-rounded activations and `vdpbf16ps` ([`bf16`]), as llama.cpp does.
+//!   bf16-rounded activations and `vdpbf16ps` (`kernels/bf16.rs`), as llama.cpp does.
 //!
 //! Other float weights (F32, F16) always use f32 activations, so both modes agree on them.
 //!
