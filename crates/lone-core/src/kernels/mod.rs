@@ -281,8 +281,19 @@ unsafe fn scalar_rows(a: &MatArgs) {
     }
 }
 
+/// Fast mode on AVX-512: formats whose matrix-vector products stay on the exact (f32
+/// activation) kernels, which are faster there than the 8-bit ones (the table-lookup kernels
+/// of `x86.rs`); their many-row products still take the 8-bit GEMM.
+fn exact_matvec_in_fast_mode(isa: Isa, dtype: DType) -> bool {
+    isa == Isa::Avx512 && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+}
+
 fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
-    let fast_act = if exact { None } else { act_format(dtype) };
+    let fast_act = if exact || exact_matvec_in_fast_mode(isa, dtype) {
+        None
+    } else {
+        act_format(dtype)
+    };
     let scalar = Kernel {
         f: scalar_rows,
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
@@ -296,6 +307,10 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         Isa::Avx2 | Isa::Avx512 => {
             let mut k = x86_kernel(isa, dtype, fast_act).unwrap_or(scalar);
             k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
+            k.igemm = !exact && isa == Isa::Avx512 && int8::supports(dtype);
+            if k.igemm {
+                k.gemm = None;
+            }
             k
         }
         #[cfg(target_arch = "aarch64")]
@@ -361,7 +376,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             f,
             act: Act::Quant(ad),
             gemm: None,
-            igemm: isa == Isa::Avx512 && int8::supports(dtype),
+            igemm: false,
             bgemm: false,
         });
     }
@@ -884,6 +899,9 @@ fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
+    }
+    if exact_matvec_in_fast_mode(isa, dtype) {
+        return None;
     }
     let _ = (isa, n, k);
     Some(ad)
