@@ -12,6 +12,11 @@ use clap::{Parser, Subcommand};
     about = "Run small language models (LFM2, LFM3, Qwen2/3, Llama) locally"
 )]
 struct Cli {
+    /// Fast mode: 8-bit (bf16 for BF16 weights) activations in quantized matrix products, as
+    /// llama.cpp does — faster prefill, logits no longer exactly transformers' on the
+    /// dequantized weights. Same as `LONE_EXACT=0`. Default: exact.
+    #[arg(long, global = true)]
+    fast: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,6 +35,9 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if cli.fast {
+        lone_core::kernels::set_exact(false);
+    }
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),

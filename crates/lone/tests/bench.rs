@@ -44,6 +44,7 @@ fn positive(v: &Value, key: &str) -> f64 {
 fn check_common(v: &Value) {
     assert_eq!(v["engine"], "lone");
     assert_eq!(v["backend"], "CPU");
+    assert!(v["isa"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(v["cpu"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(v["model_name"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(v["threads"].as_u64().unwrap() >= 1);
@@ -52,6 +53,19 @@ fn check_common(v: &Value) {
     let per_tok = positive(v, "weight_bytes_per_token");
     assert!(per_tok <= size, "{v}");
     positive(v, "peak_rss_bytes");
+}
+
+#[test]
+fn fast_flag_selects_fast_mode() {
+    let model = fixture("llama/model-q4_0.gguf");
+    let m = model.to_str().unwrap();
+    let exact = bench_lines(&["--model", m, "-p", "16", "-n", "0", "-r", "1"]);
+    assert!(exact.iter().all(|v| v["mode"] == "exact"), "{exact:?}");
+    let fast = bench_lines(&["--fast", "--model", m, "-p", "16", "-n", "0", "-r", "1"]);
+    assert!(
+        !fast.is_empty() && fast.iter().all(|v| v["mode"] == "fast"),
+        "{fast:?}"
+    );
 }
 
 #[test]

@@ -99,6 +99,8 @@ impl Info {
             "params": self.params,
             "weight_bytes_per_token": self.bytes_per_token,
             "backend": "CPU",
+            "isa": lone_core::kernels::isa().name(),
+            "mode": if lone_core::kernels::exact() { "exact" } else { "fast" },
             "cpu": self.cpu,
             "threads": self.threads,
         })
