@@ -229,6 +229,8 @@ struct Gemm {
     tile: GemmFn,
     /// Activation rows per packed block.
     tb: usize,
+    /// A SIMD packer for one block (`x`, `k`, rows, `dst`); None: the portable loop.
+    pack: Option<unsafe fn(*const f32, usize, usize, *mut f32)>,
 }
 
 /// Which activations a kernel takes.
@@ -346,16 +348,26 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             })
         };
     }
-    let (tile, tb) = if isa == Isa::Avx512 {
-        (x86::avx512::gemm as GemmFn, 32)
+    type PackFn = unsafe fn(*const f32, usize, usize, *mut f32);
+    let (tile, tb, pack) = if isa == Isa::Avx512 {
+        (
+            x86::avx512::gemm as GemmFn,
+            32,
+            Some(x86::pack32_avx512 as PackFn),
+        )
     } else {
-        (x86::avx2::gemm as GemmFn, 16)
+        (x86::avx2::gemm as GemmFn, 16, None)
     };
     let f32k = |f: MatFn, deq: Option<DeqFn>| {
         Some(Kernel {
             f,
             act: Act::F32,
-            gemm: Some(Gemm { deq, tile, tb }),
+            gemm: Some(Gemm {
+                deq,
+                tile,
+                tb,
+                pack,
+            }),
             igemm: false,
             bgemm: false,
         })
@@ -645,6 +657,15 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
     DBUF.with(|b| *b.borrow_mut() = dbuf);
 }
 
+/// Grows a scratch buffer to at least `n` elements. Never shrinks, and never re-initialises
+/// what is there: every user overwrites the part it reads (buffers alternate between the
+/// sizes of different matrices, and zero-filling on each growth showed up as memset time).
+fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
 /// Activation rows from which the exact path switches from the matrix-vector kernels (which
 /// dequantize each weight block once per 4 activation rows) to dequantize-once + f32 GEMM
 /// (measured crossover ≈ 13 rows on the dev machine: the GEMM pays a whole dequantization
@@ -671,7 +692,7 @@ fn bgemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
     let blocks = n.div_ceil(bf16::TB);
     let bl = bf16::block_len(k);
     let mut xp = BPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    xp.resize(blocks * bl, 0);
+    grow(&mut xp, blocks * bl);
     let pp = SendPtr(xp.as_mut_ptr());
     parallel_for(blocks, 1, &|range| {
         let pp = &pp;
@@ -725,7 +746,7 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
     let tb = g.tb;
     let blocks = n.div_ceil(tb);
     let mut xpack = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    xpack.resize(blocks * tb * k, 0.0);
+    grow(&mut xpack, blocks * tb * k);
     let pp = SendPtr(xpack.as_mut_ptr());
     parallel_for(blocks, 1, &|range| {
         let pp = &pp;
@@ -733,13 +754,25 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
             // SAFETY: block b's tb·k f32 lie inside xpack and only this task writes them.
             let dst = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * tb * k), tb * k) };
             let rows = tb.min(n - b * tb);
-            for (i, d) in dst.chunks_exact_mut(tb).enumerate() {
-                for (j, v) in d.iter_mut().enumerate() {
-                    *v = if j < rows {
-                        x[(b * tb + j) * k + i]
-                    } else {
-                        0.0
-                    };
+            if let Some(p) = g.pack {
+                // SAFETY: x holds rows·k f32 from row b·tb; dst holds tb·k f32; the packer
+                // was picked for an available ISA with this tb.
+                unsafe { p(x.as_ptr().add(b * tb * k), k, rows, dst.as_mut_ptr()) };
+                continue;
+            }
+            if rows < tb {
+                dst.fill(0.0);
+            }
+            // 16 columns at a time: contiguous reads of each row, writes within a
+            // 16·tb-float tile.
+            for i0 in (0..k).step_by(16) {
+                let w = 16.min(k - i0);
+                let tile = &mut dst[i0 * tb..(i0 + w) * tb];
+                for j in 0..rows {
+                    let src = &x[(b * tb + j) * k + i0..][..w];
+                    for (d, &v) in tile.iter_mut().skip(j).step_by(tb).zip(src) {
+                        *d = v;
+                    }
                 }
             }
         }
@@ -757,7 +790,7 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                     // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
                     // fall in the same L1 sets while the kernel reads them side by side.
                     let ws = k + 16;
-                    buf.resize(rows * ws, 0.0);
+                    grow(&mut buf, rows * ws);
                     for r in 0..rows {
                         // SAFETY: row range.start + r < m is inside the m·rb weight bytes
                         // (checked by matmul_kernel); buf holds rows·k f32; `deq` was picked
@@ -812,8 +845,8 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
     let blocks = n.div_ceil(int8::TB);
     let (xb, fb) = int8::block_sizes(k);
     let (mut xq, mut xf) = XIPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    xq.resize(blocks * xb, 0);
-    xf.resize(2 * blocks * fb, 0.0);
+    grow(&mut xq, blocks * xb);
+    grow(&mut xf, 2 * blocks * fb);
     let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
     parallel_for(blocks, 1, &|range| {
         let (xqp, xfp) = (&xqp, &xfp);
@@ -846,9 +879,9 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
         IBUF.with(|buf| {
             let mut buf = buf.borrow_mut();
             let (codes, f) = &mut *buf;
-            codes.resize(rows * cs, 0);
-            f.resize(2 * rows * gs, 0.0);
-            let (dw, cw) = f.split_at_mut(rows * gs);
+            grow(codes, rows * cs);
+            grow(f, 2 * rows * gs);
+            let (dw, cw) = f[..2 * rows * gs].split_at_mut(rows * gs);
             for r in 0..rows {
                 // SAFETY: row range.start + r is inside the m·rb weight bytes; the outputs
                 // are row r of buffers sized above; `dtype` is supported (igemm flag).

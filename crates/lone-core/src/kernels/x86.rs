@@ -1488,6 +1488,70 @@ unsafe fn axpy_v<V: F32V>(y: *mut f32, a: f32, x: *const f32, n: usize) {
     }
 }
 
+/// Transposes 16×16 f32 in registers: afterwards `r[c]` holds what was column `c`. Four
+/// stages; stage `m` (1, 2, 4, 8) swaps bit `m` of the row index with bit `m` of the column
+/// index between the register pairs (`j`, `j | m`).
+#[inline(always)]
+unsafe fn transpose16(r: &mut [__m512; 16]) {
+    for b in 0..4 {
+        let m = 1i32 << b;
+        let ia: [i32; 16] = core::array::from_fn(|c| {
+            if c as i32 & m == 0 {
+                c as i32
+            } else {
+                16 + (c as i32 ^ m)
+            }
+        });
+        let ib: [i32; 16] = core::array::from_fn(|c| {
+            if c as i32 & m == 0 {
+                c as i32 | m
+            } else {
+                16 + c as i32
+            }
+        });
+        let (ia, ib) = (
+            _mm512_loadu_si512(ia.as_ptr() as *const _),
+            _mm512_loadu_si512(ib.as_ptr() as *const _),
+        );
+        for j in 0..16 {
+            if j & m as usize == 0 {
+                let (a, bv) = (r[j], r[j | m as usize]);
+                r[j] = _mm512_permutex2var_ps(a, ia, bv);
+                r[j | m as usize] = _mm512_permutex2var_ps(a, ib, bv);
+            }
+        }
+    }
+}
+
+/// Packs `rows` (≤ 32) activation rows of `k` f32 into one GEMM block of 32 rows
+/// (`dst[i·32 + t] = x[t·k + i]`, zero for `t ≥ rows`): 16×16 register transposes.
+#[inline(always)]
+unsafe fn pack32_v16(x: *const f32, k: usize, rows: usize, dst: *mut f32) {
+    let mut i0 = 0;
+    while i0 + 16 <= k {
+        for h in 0..2 {
+            let mut r: [__m512; 16] = core::array::from_fn(|j| {
+                let t = 16 * h + j;
+                if t < rows {
+                    _mm512_loadu_ps(x.add(t * k + i0))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            transpose16(&mut r);
+            for c in 0..16 {
+                _mm512_storeu_ps(dst.add((i0 + c) * 32 + 16 * h), r[c]);
+            }
+        }
+        i0 += 16;
+    }
+    for i in i0..k {
+        for t in 0..32 {
+            *dst.add(i * 32 + t) = if t < rows { *x.add(t * k + i) } else { 0.0 };
+        }
+    }
+}
+
 /// Float weight rows to f32 (`k` elements), vectorised.
 #[inline(always)]
 unsafe fn deq_float<V: F32V, W: FloatW>(src: *const u8, dst: *mut f32, k: usize) {
@@ -1559,6 +1623,12 @@ macro_rules! entry {
             $body(a)
         }
     };
+}
+
+/// The AVX-512 level's activation packer for the f32 GEMM (blocks of 32 rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn pack32_avx512(x: *const f32, k: usize, rows: usize, dst: *mut f32) {
+    pack32_v16(x, k, rows, dst)
 }
 
 macro_rules! deq_entry {
