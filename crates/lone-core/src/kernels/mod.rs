@@ -423,6 +423,8 @@ struct Active {
 struct VecFns {
     dot: unsafe fn(*const f32, *const f32, usize) -> f32,
     axpy: unsafe fn(*mut f32, f32, *const f32, usize),
+    /// `x[i] = e^x[i]`, within a few ulp of `f32::exp`.
+    exp: unsafe fn(*mut f32, usize),
 }
 
 fn vec_fns(isa: Isa) -> VecFns {
@@ -431,17 +433,27 @@ fn vec_fns(isa: Isa) -> VecFns {
         Isa::Avx512 => VecFns {
             dot: x86::avx512::dot,
             axpy: x86::avx512::axpy,
+            exp: x86::exp_avx512,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
             dot: x86::avx2::dot,
             axpy: x86::avx2::axpy,
+            exp: exp_scalar,
         },
         _ => VecFns {
             dot: dot_scalar,
             axpy: axpy_scalar,
+            exp: exp_scalar,
         },
     }
+}
+
+/// Scalar reference of the `exp` vector primitive: `f32::exp`.
+unsafe fn exp_scalar(x: *mut f32, n: usize) {
+    // SAFETY: the VecFns contract.
+    let x = unsafe { std::slice::from_raw_parts_mut(x, n) };
+    x.iter_mut().for_each(|v| *v = v.exp());
 }
 
 /// Scalar reference of [`dot`]: 8 interleaved partial sums (so the compiler can vectorise).
@@ -987,9 +999,19 @@ pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
 /// `a = silu(a) * b`, elementwise.
 pub fn silu_mul(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "silu_mul: lengths");
+    let exp = active().vec.exp;
     let one = |a: &mut [f32], b: &[f32]| {
-        for (x, y) in a.iter_mut().zip(b) {
-            *x = *x / (1.0 + (-*x).exp()) * y;
+        let mut t = [0.0f32; 256];
+        for (ac, bc) in a.chunks_mut(256).zip(b.chunks(256)) {
+            let t = &mut t[..ac.len()];
+            for (tv, &x) in t.iter_mut().zip(ac.iter()) {
+                *tv = -x;
+            }
+            // SAFETY: t holds t.len() f32; the table's functions run on this CPU.
+            unsafe { exp(t.as_mut_ptr(), t.len()) };
+            for ((x, &e), &y) in ac.iter_mut().zip(t.iter()).zip(bc) {
+                *x = *x / (1.0 + e) * y;
+            }
         }
     };
     // Prefill-sized inputs (an exp per element) are split over the pool.
@@ -1011,14 +1033,13 @@ pub fn silu_mul(a: &mut [f32], b: &[f32]) {
     });
 }
 
-/// Softmax in place.
+/// Softmax in place (the exponentials by the detected family's SIMD `exp`).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
+    x.iter_mut().for_each(|v| *v -= max);
+    // SAFETY: x holds x.len() f32; the table's functions run on this CPU.
+    unsafe { (active().vec.exp)(x.as_mut_ptr(), x.len()) };
+    let sum: f32 = x.iter().sum();
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;

@@ -242,3 +242,27 @@ fn vector_primitives_match_the_reference_on_odd_sizes() {
         }
     }
 }
+
+#[test]
+fn simd_exp_is_within_a_few_ulp() {
+    for isa in Isa::available() {
+        let f = vec_fns(isa);
+        let xs: Vec<f32> = (0..20011)
+            .map(|i| -87.0 + 175.0 * i as f32 / 20010.0)
+            .chain([0.0, -0.0, 1e-8, -1e-8, 0.5, -0.5, 80.0, -80.0])
+            .collect();
+        for len in [xs.len(), 1, 7, 17] {
+            let mut y = xs[..len].to_vec();
+            // SAFETY: y holds len f32; `isa` is available.
+            unsafe { (f.exp)(y.as_mut_ptr(), len) };
+            for (&x, &got) in xs.iter().zip(&y) {
+                let want = (x as f64).exp();
+                let rel = ((got as f64 - want) / want).abs();
+                assert!(
+                    rel <= 4.0 * f32::EPSILON as f64,
+                    "{isa:?} exp({x}) = {got}, want {want}"
+                );
+            }
+        }
+    }
+}

@@ -1472,6 +1472,52 @@ unsafe fn dot_v<V: F32V>(a: *const f32, b: *const f32, n: usize) -> f32 {
     s
 }
 
+/// e^x for 16 lanes: x = n·ln2 + r (|r| ≤ ln2/2, two-part ln2), e^r by its degree-7 Taylor
+/// polynomial (truncation error < 1e-8 relative), times 2^n by `vscalefps`. Inputs are clamped
+/// to [-87.3, 88.7] (e^-87.3 ≈ 1.2e-38: what underflows becomes that, not 0).
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.336_54)),
+        _mm512_set1_ps(88.722_83),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(core::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let c = [
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+    let mut p = _mm512_set1_ps(c[0]);
+    for &ci in &c[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
+/// `x[i] = e^x[i]` over `n` f32 (AVX-512; [`exp16`], masked tail).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn exp_avx512(x: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 16 <= n {
+        _mm512_storeu_ps(x.add(i), exp16(_mm512_loadu_ps(x.add(i))));
+        i += 16;
+    }
+    if i < n {
+        let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
+        let v = _mm512_maskz_loadu_ps(m, x.add(i));
+        _mm512_mask_storeu_ps(x.add(i), m, exp16(v));
+    }
+}
+
 /// `y[i] += a·x[i]` over `n` f32.
 #[inline(always)]
 unsafe fn axpy_v<V: F32V>(y: *mut f32, a: f32, x: *const f32, n: usize) {

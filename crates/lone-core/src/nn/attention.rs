@@ -218,55 +218,67 @@ impl Attention {
     /// prompts run on the GEMM kernels. Keys after a row's position are masked out of its
     /// softmax (their scores are computed and dropped).
     fn attend_gemm(&self, q: &[f32], cache: &LayerCache, pos0: usize, n: usize, ctx: &mut [f32]) {
+        // Query rows per chunk: a chunk multiplies only the keys up to its last position, so
+        // the causal mask costs at most one chunk's worth of dropped scores per row.
+        const CHUNK: usize = 128;
         let hd = self.head_dim;
         let kvd = self.n_kv_heads * hd;
         let qd = self.n_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
-        let nk = pos0 + n;
         let LayerCache::Attention { k: kc, v: vc } = cache else {
             unreachable!("checked by one_sequence_prefill")
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let nq = n * group;
-        let mut kh = vec![0.0f32; nk * hd];
-        let mut vt = vec![0.0f32; hd * nk];
-        let mut qg = vec![0.0f32; nq * hd];
-        let mut scores = vec![0.0f32; nq * nk];
-        let mut out = vec![0.0f32; nq * hd];
-        for kvh in 0..self.n_kv_heads {
-            for j in 0..nk {
-                let src = j * kvd + kvh * hd;
-                kh[j * hd..(j + 1) * hd].copy_from_slice(&kc[src..src + hd]);
-                for (d, &val) in vc[src..src + hd].iter().enumerate() {
-                    vt[d * nk + j] = val;
+        let (mut kh, mut vt, mut qg, mut scores, mut out) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i0 in (0..n).step_by(CHUNK) {
+            let i1 = (i0 + CHUNK).min(n);
+            let nk = pos0 + i1;
+            let nq = (i1 - i0) * group;
+            for kvh in 0..self.n_kv_heads {
+                kh.clear();
+                vt.clear();
+                vt.resize(hd * nk, 0.0);
+                for j in 0..nk {
+                    let src = j * kvd + kvh * hd;
+                    kh.extend_from_slice(&kc[src..src + hd]);
+                    for (d, &val) in vc[src..src + hd].iter().enumerate() {
+                        vt[d * nk + j] = val;
+                    }
                 }
-            }
-            for i in 0..n {
-                for g in 0..group {
-                    let src = i * qd + (kvh * group + g) * hd;
-                    qg[(i * group + g) * hd..][..hd].copy_from_slice(&q[src..src + hd]);
+                qg.clear();
+                for i in i0..i1 {
+                    for g in 0..group {
+                        let src = i * qd + (kvh * group + g) * hd;
+                        qg.extend_from_slice(&q[src..src + hd]);
+                    }
                 }
-            }
-            let kt = crate::tensor::Tensor::from_f32(vec![nk, hd], &kh);
-            kernels::matmul(&kt, &qg, nq, &mut scores);
-            let slots: Vec<std::sync::Mutex<&mut [f32]>> =
-                scores.chunks_mut(nk).map(std::sync::Mutex::new).collect();
-            kernels::parallel_for(nq, 16, &|range| {
-                for row in range {
-                    let visible = pos0 + row / group + 1;
-                    let mut s = slots[row].lock().unwrap();
-                    s[..visible].iter_mut().for_each(|v| *v *= scale);
-                    kernels::softmax(&mut s[..visible]);
-                    s[visible..].fill(0.0);
-                }
-            });
-            drop(slots);
-            let vtt = crate::tensor::Tensor::from_f32(vec![hd, nk], &vt);
-            kernels::matmul(&vtt, &scores, nq, &mut out);
-            for i in 0..n {
-                for g in 0..group {
-                    let dst = i * qd + (kvh * group + g) * hd;
-                    ctx[dst..dst + hd].copy_from_slice(&out[(i * group + g) * hd..][..hd]);
+                scores.resize(nq * nk, 0.0);
+                let kt = crate::tensor::Tensor::from_f32(vec![nk, hd], &kh);
+                kernels::matmul(&kt, &qg, nq, &mut scores[..nq * nk]);
+                let slots: Vec<std::sync::Mutex<&mut [f32]>> = scores[..nq * nk]
+                    .chunks_mut(nk)
+                    .map(std::sync::Mutex::new)
+                    .collect();
+                kernels::parallel_for(nq, 16, &|range| {
+                    for row in range {
+                        let visible = pos0 + i0 + row / group + 1;
+                        let mut s = slots[row].lock().unwrap();
+                        s[..visible].iter_mut().for_each(|v| *v *= scale);
+                        kernels::softmax(&mut s[..visible]);
+                        s[visible..].fill(0.0);
+                    }
+                });
+                drop(slots);
+                out.resize(nq * hd, 0.0);
+                let vtt = crate::tensor::Tensor::from_f32(vec![hd, nk], &vt);
+                kernels::matmul(&vtt, &scores[..nq * nk], nq, &mut out[..nq * hd]);
+                for i in i0..i1 {
+                    for g in 0..group {
+                        let dst = i * qd + (kvh * group + g) * hd;
+                        let src = ((i - i0) * group + g) * hd;
+                        ctx[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
+                    }
                 }
             }
         }
@@ -335,5 +347,61 @@ fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
             vc[s..s + d].copy_from_slice(v);
         }
         LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+    use crate::test_rng::Rng;
+
+    fn dummy_linear() -> Linear {
+        Linear {
+            w: Tensor::from_f32(vec![1, 1], &[0.0]),
+            b: None,
+            in_dim: 1,
+            out_dim: 1,
+        }
+    }
+
+    /// The GEMM form of prefill attention (chunked by query rows, causal) against the
+    /// row-by-row form, on random data longer than several chunks and after a cached prefix.
+    #[test]
+    fn gemm_attention_matches_row_attention() {
+        let (n_heads, n_kv_heads, hd) = (6, 2, 16);
+        let att = Attention {
+            q: dummy_linear(),
+            k: dummy_linear(),
+            v: dummy_linear(),
+            o: dummy_linear(),
+            q_norm: None,
+            k_norm: None,
+            n_heads,
+            n_kv_heads,
+            head_dim: hd,
+            rope: Rope::new(hd, hd, 1e4),
+            window: None,
+            gate: None,
+        };
+        let mut rng = Rng(11);
+        let (pos0, n) = (37, 300);
+        let kvd = n_kv_heads * hd;
+        let qd = n_heads * hd;
+        let total = pos0 + n;
+        let cache = LayerCache::Attention {
+            k: (0..total * kvd).map(|_| rng.f32()).collect(),
+            v: (0..total * kvd).map(|_| rng.f32()).collect(),
+        };
+        let q: Vec<f32> = (0..n * qd).map(|_| 2.0 * rng.f32()).collect();
+        let mut got = vec![0.0; n * qd];
+        att.attend_gemm(&q, &cache, pos0, n, &mut got);
+        let mut want = vec![0.0; qd];
+        for i in 0..n {
+            att.attend(&q[i * qd..(i + 1) * qd], &cache, pos0 + i, &mut want);
+            for (j, (&a, &b)) in got[i * qd..(i + 1) * qd].iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-5, "row {i} element {j}: {a} vs {b}");
+            }
+        }
     }
 }
