@@ -12,6 +12,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86::write_tile;
+
 /// Activation rows per packed block: two 16-lane vectors.
 pub(super) const TB: usize = 32;
 
@@ -136,13 +138,13 @@ unsafe fn micro<const NV: usize>(g: &Bf16GemmArgs, r0: usize, t0: usize) {
             _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
         }
     }
-    let rows = R.min(g.rows - r0);
-    for t in 0..(NV * 16).min(g.n - t0) {
-        let o = g.out.add((t0 + t) * g.out_stride + r0);
-        for r in 0..rows {
-            *o.add(r) = tmp[r][t];
-        }
-    }
+    write_tile(
+        &tmp,
+        R.min(g.rows - r0),
+        (NV * 16).min(g.n - t0),
+        g.out.add(t0 * g.out_stride + r0),
+        g.out_stride,
+    );
 }
 
 /// Every (row, activation row) pair of a [`Bf16GemmArgs`].

@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 
 use super::x86::{k45_quants, k4_scales, KExactW, LegacyW, WQ4_0, WQ4_1, WQ5_0};
-use super::x86::{WQ5_1, WQ8_0, XQ5K, XQ6K};
+use super::x86::{write_tile, WQ5_1, WQ8_0, XQ5K, XQ6K};
 use crate::tensor::DType;
 
 /// Activation rows per packed block: two 16-lane vectors.
@@ -289,13 +289,13 @@ unsafe fn micro<const NV: usize>(g: &IGemmArgs, r0: usize, t0: usize) {
             _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
         }
     }
-    let rows = R.min(g.rows - r0);
-    for t in 0..(NV * 16).min(g.n - t0) {
-        let o = g.out.add((t0 + t) * g.out_stride + r0);
-        for r in 0..rows {
-            *o.add(r) = tmp[r][t];
-        }
-    }
+    write_tile(
+        &tmp,
+        R.min(g.rows - r0),
+        (NV * 16).min(g.n - t0),
+        g.out.add(t0 * g.out_stride + r0),
+        g.out_stride,
+    );
 }
 
 /// Every (row, activation row) pair of an [`IGemmArgs`].

@@ -1414,9 +1414,30 @@ unsafe fn gemm_micro<V: F32V, const R: usize, const NV: usize>(
             acc[r][v].store(tmp[r].as_mut_ptr().add(v * l));
         }
     }
-    let rows = R.min(g.rows - r0);
-    for t in 0..(NV * l).min(g.n - t0) {
-        let o = g.out.add((t0 + t) * g.out_stride + r0);
+    write_tile(
+        &tmp,
+        R.min(g.rows - r0),
+        (NV * l).min(g.n - t0),
+        g.out.add(t0 * g.out_stride + r0),
+        g.out_stride,
+    );
+}
+
+/// Writes a GEMM micro-kernel's results, `tmp[r][t]` = output of weight row `r` for activation
+/// row `t`, to `out[t·stride + r]` for `r < rows`, `t < tokens` (the valid part of the tile).
+///
+/// # Safety
+/// `out` is valid for those writes.
+#[inline(always)]
+pub(super) unsafe fn write_tile<const R: usize>(
+    tmp: &[[f32; 32]; R],
+    rows: usize,
+    tokens: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    for t in 0..tokens {
+        let o = out.add(t * stride);
         for r in 0..rows {
             *o.add(r) = tmp[r][t];
         }
