@@ -137,10 +137,16 @@ impl Out {
             self.header_done = true;
         }
         self.line(&format!(
-            "| {} | {} | {} | CPU | {} | {} | {:.2} ± {:.2} |",
+            "| {} | {} | {} | CPU {} {} | {} | {} | {:.2} ± {:.2} |",
             info.name,
             fmt_bytes(info.size_bytes),
             fmt_params(info.params),
+            lone_core::kernels::isa().name(),
+            if lone_core::kernels::exact() {
+                "exact"
+            } else {
+                "fast"
+            },
             info.threads,
             test,
             rates.mean,
