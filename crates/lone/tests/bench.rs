@@ -211,7 +211,10 @@ fn human_table() {
         "{s}"
     );
     assert!(s.contains("| pp8 |") && s.contains("| tg4 |"), "{s}");
-    assert!(s.contains(" exact | "), "the mode is in the backend column: {s}");
+    assert!(
+        s.contains(" exact | "),
+        "the mode is in the backend column: {s}"
+    );
     assert!(s.contains("cold start:") && s.contains("peak RSS"), "{s}");
 }
 
