@@ -564,6 +564,56 @@ pub fn matmul_with(isa: Isa, exact: bool, w: &Tensor, x: &[f32], n: usize, out: 
     matmul_kernel(kernel(isa, w.dtype, exact), w, x, n, out);
 }
 
+/// [`matmul`] of several matrices with the same input width over the same activations
+/// (`outs[i]` gets `x · ws[i]ᵀ`), e.g. the q/k/v or gate/up projections. When they all take
+/// the same many-row GEMM, the activations are packed once and all the matrices' tiles share
+/// one parallel region; the results are those of separate [`matmul`] calls.
+///
+/// Panics if the shapes do not match.
+pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len(), "matmul_many: one output per matrix");
+    let a = active();
+    let ex = usize::from(exact());
+    let kerns: Vec<Kernel> = ws
+        .iter()
+        .map(|w| a.table[dtype_index(w.dtype)][ex])
+        .collect();
+    let k = ws.first().map_or(0, |w| w.row_len());
+    let p = kerns.first().map_or(Path::Rows, |kern| path(kern, n, k));
+    let shared = ws.len() > 1
+        && k > 0
+        && p != Path::Rows
+        && ws
+            .iter()
+            .zip(&kerns)
+            .zip(outs.iter())
+            .all(|((w, kern), o)| {
+                w.row_len() == k
+                    && path(kern, n, k) == p
+                    && x.len() == n * k
+                    && o.len() == n * w.n_rows()
+                    && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
+                    && w.n_rows() > 0
+            });
+    if !shared {
+        for ((w, kern), o) in ws.iter().zip(kerns).zip(outs.iter_mut()) {
+            matmul_kernel(kern, w, x, n, o);
+        }
+        return;
+    }
+    let jobs: Vec<Job> = ws
+        .iter()
+        .zip(kerns)
+        .zip(outs.iter_mut())
+        .map(|((w, kern), o)| Job {
+            w,
+            kern,
+            out: SendPtr(o.as_mut_ptr()),
+        })
+        .collect();
+    run_gemm_path(p, &jobs, x, n);
+}
+
 fn dtype_index(d: DType) -> usize {
     DType::ALL
         .iter()
@@ -589,18 +639,14 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
         out.fill(0.0);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if kern.bgemm && n >= BGEMM_MIN_ROWS {
-        bgemm(w, x, n, out);
-        return;
-    }
-    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS) {
-        gemm(g, w, x, n, out);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if kern.igemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
-        igemm(w, x, n, out);
+    let p = path(&kern, n, k);
+    if p != Path::Rows {
+        let job = Job {
+            w,
+            kern,
+            out: SendPtr(out.as_mut_ptr()),
+        };
+        run_gemm_path(p, std::slice::from_ref(&job), x, n);
         return;
     }
     let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -697,9 +743,8 @@ thread_local! {
 /// Fast mode's many-row path for BF16 weights ([`bf16`]): activation rows rounded to bf16 and
 /// packed once, then every weight row (used in place) multiplied by every block.
 #[cfg(target_arch = "x86_64")]
-fn bgemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
-    let k = w.row_len();
-    let m = w.n_rows();
+fn bgemm(jobs: &[Job], x: &[f32], n: usize) {
+    let k = jobs[0].w.row_len();
     let rb = 2 * k;
     let blocks = n.div_ceil(bf16::TB);
     let bl = bf16::block_len(k);
@@ -715,22 +760,21 @@ fn bgemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
             unsafe { bf16::pack_x(x.as_ptr().add(b * bf16::TB * k), rows, k, pp.0.add(b * bl)) };
         }
     });
-    let wp = SendPtr(w.data().as_ptr() as *mut u8);
-    let op = SendPtr(out.as_mut_ptr());
     let xq = SendPtr(xp.as_mut_ptr());
-    parallel_for(m, GEMM_TILE_ROWS, &|range| {
-        let (wp, op, xq) = (&wp, &op, &xq);
+    for_each_tile(jobs, &|job, range| {
+        let xq = &xq;
+        let m = job.w.n_rows();
         let a = bf16::Bf16GemmArgs {
             // SAFETY: rows of `range` lie inside the m·rb weight bytes (checked by
             // matmul_kernel).
-            w: unsafe { wp.0.add(range.start * rb) },
+            w: unsafe { job.w.data().as_ptr().add(range.start * rb) },
             w_stride: rb,
             rows: range.len(),
             x: xq.0,
             n,
             k,
             // SAFETY: columns `range` of every output row (out has n·m elements).
-            out: unsafe { op.0.add(range.start) },
+            out: unsafe { job.out.0.add(range.start) },
             out_stride: m,
         };
         // SAFETY: the args describe valid buffers; out[t·m + r] for r in this task's range is
@@ -743,6 +787,73 @@ fn bgemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
 /// Weight rows dequantized at a time by one task of the GEMM path.
 const GEMM_TILE_ROWS: usize = 48;
 
+/// One weight matrix of a (multi-)matmul on a GEMM path, and where its `n × m` output goes.
+struct Job<'a> {
+    w: &'a Tensor,
+    kern: Kernel,
+    out: SendPtr<f32>,
+}
+
+/// Hands the `GEMM_TILE_ROWS`-row tiles of every job out over the pool in one parallel region
+/// (several small matrices then share one synchronisation and balance each other).
+fn for_each_tile(jobs: &[Job], task: &(dyn Fn(&Job, std::ops::Range<usize>) + Sync)) {
+    let mut starts = Vec::with_capacity(jobs.len());
+    let mut total = 0;
+    for j in jobs {
+        starts.push(total);
+        total += j.w.n_rows().div_ceil(GEMM_TILE_ROWS);
+    }
+    parallel_for(total, 1, &|tiles| {
+        for t in tiles {
+            let j = starts.partition_point(|&s| s <= t) - 1;
+            let m = jobs[j].w.n_rows();
+            let r0 = (t - starts[j]) * GEMM_TILE_ROWS;
+            task(&jobs[j], r0..(r0 + GEMM_TILE_ROWS).min(m));
+        }
+    });
+}
+
+/// Which way [`matmul`] multiplies: a many-row GEMM (one activation packing for all the
+/// matrices that share it) or the matrix-vector kernels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// Fast mode, BF16 weights.
+    Bgemm,
+    /// The f32 GEMM with activation blocks of this many rows.
+    Gemm(usize),
+    /// Fast mode's 8-bit GEMM.
+    Igemm,
+    Rows,
+}
+
+fn path(kern: &Kernel, n: usize, k: usize) -> Path {
+    #[cfg(target_arch = "x86_64")]
+    if kern.bgemm && n >= BGEMM_MIN_ROWS {
+        return Path::Bgemm;
+    }
+    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS) {
+        return Path::Gemm(g.tb);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kern.igemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
+        return Path::Igemm;
+    }
+    let _ = k;
+    Path::Rows
+}
+
+/// Runs jobs that all take `p` (not [`Path::Rows`]).
+fn run_gemm_path(p: Path, jobs: &[Job], x: &[f32], n: usize) {
+    match p {
+        #[cfg(target_arch = "x86_64")]
+        Path::Bgemm => bgemm(jobs, x, n),
+        Path::Gemm(_) => gemm(jobs, x, n),
+        #[cfg(target_arch = "x86_64")]
+        Path::Igemm => igemm(jobs, x, n),
+        _ => unreachable!("not a GEMM path: {p:?}"),
+    }
+}
+
 thread_local! {
     static GBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static XPACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -751,10 +862,9 @@ thread_local! {
 /// The many-row exact path of [`matmul`]: the activation rows are packed once into blocks of
 /// `g.tb` rows ([`GemmArgs`]); each task dequantizes `GEMM_TILE_ROWS` weight rows into f32
 /// once and multiplies them by every block.
-fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
-    let k = w.row_len();
-    let m = w.n_rows();
-    let rb = w.dtype.bytes_for(k).expect("checked by matmul_kernel");
+fn gemm(jobs: &[Job], x: &[f32], n: usize) {
+    let g = jobs[0].kern.gemm.expect("the GEMM path");
+    let k = jobs[0].w.row_len();
     let tb = g.tb;
     let blocks = n.div_ceil(tb);
     let mut xpack = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -789,11 +899,13 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
             }
         }
     });
-    let wp = SendPtr(w.data().as_ptr() as *mut u8);
     let xp = SendPtr(xpack.as_mut_ptr());
-    let op = SendPtr(out.as_mut_ptr());
-    parallel_for(m, GEMM_TILE_ROWS, &|range| {
-        let (wp, xp, op) = (&wp, &xp, &op);
+    for_each_tile(jobs, &|job, range| {
+        let xp = &xp;
+        let g = job.kern.gemm.expect("the GEMM path");
+        let m = job.w.n_rows();
+        let rb = job.w.dtype.bytes_for(k).expect("checked by matmul_kernel");
+        let wp = job.w.data().as_ptr();
         let rows = range.len();
         GBUF.with(|buf| {
             let mut buf = buf.borrow_mut();
@@ -809,7 +921,7 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                         // for this dtype on an available ISA and k is whole blocks.
                         unsafe {
                             deq(
-                                wp.0.add((range.start + r) * rb),
+                                wp.add((range.start + r) * rb),
                                 buf.as_mut_ptr().add(r * ws),
                                 k,
                             )
@@ -818,7 +930,7 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                     (buf.as_ptr(), ws)
                 }
                 // SAFETY: F32 rows are used in place: rb = 4k bytes each, in bounds as above.
-                None => (unsafe { wp.0.add(range.start * rb) } as *const f32, k),
+                None => (unsafe { wp.add(range.start * rb) } as *const f32, k),
             };
             let a = GemmArgs {
                 w: wf,
@@ -828,7 +940,7 @@ fn gemm(g: Gemm, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 n,
                 k,
                 // SAFETY: columns range of every output row t (out has n·m elements).
-                out: unsafe { op.0.add(range.start) },
+                out: unsafe { job.out.0.add(range.start) },
                 out_stride: m,
             };
             // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
@@ -849,11 +961,8 @@ thread_local! {
 /// then each task unpacks `GEMM_TILE_ROWS` weight rows to 8-bit codes and multiplies them by
 /// every packed block with `vpdpbusd`. Only on an AVX-512 VNNI CPU (the caller checks).
 #[cfg(target_arch = "x86_64")]
-fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
-    let k = w.row_len();
-    let m = w.n_rows();
-    let dtype = w.dtype;
-    let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
+fn igemm(jobs: &[Job], x: &[f32], n: usize) {
+    let k = jobs[0].w.row_len();
     let blocks = n.div_ceil(int8::TB);
     let (xb, fb) = int8::block_sizes(k);
     let (mut xq, mut xf) = XIPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -879,11 +988,13 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
             };
         }
     });
-    let wp = SendPtr(w.data().as_ptr() as *mut u8);
-    let op = SendPtr(out.as_mut_ptr());
     let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
-    parallel_for(m, GEMM_TILE_ROWS, &|range| {
-        let (wp, op, xqp, xfp) = (&wp, &op, &xqp, &xfp);
+    for_each_tile(jobs, &|job, range| {
+        let (xqp, xfp) = (&xqp, &xfp);
+        let m = job.w.n_rows();
+        let dtype = job.w.dtype;
+        let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
+        let wp = job.w.data().as_ptr();
         let rows = range.len();
         // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
         let cs = k + 64;
@@ -900,7 +1011,7 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 unsafe {
                     int8::unpack(
                         dtype,
-                        wp.0.add((range.start + r) * rb),
+                        wp.add((range.start + r) * rb),
                         k,
                         codes.as_mut_ptr().add(r * cs),
                         dw.as_mut_ptr().add(r * gs),
@@ -921,7 +1032,7 @@ fn igemm(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
                 n,
                 k,
                 // SAFETY: columns `range` of every output row (out has n·m elements).
-                out: unsafe { op.0.add(range.start) },
+                out: unsafe { job.out.0.add(range.start) },
                 out_stride: m,
             };
             // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this

@@ -266,3 +266,43 @@ fn simd_exp_is_within_a_few_ulp() {
         }
     }
 }
+
+/// `matmul_many` gives exactly the results of separate `matmul` calls, whether the matrices
+/// share a GEMM path (mixed formats included) or not, on both sides of every row threshold.
+#[test]
+fn matmul_many_equals_separate_matmuls() {
+    let mut rng = Rng(23);
+    let k = 256;
+    let sets: [&[(DType, usize)]; 4] = [
+        &[(DType::Q4K, 37), (DType::Q4K, 64), (DType::Q6K, 5)],
+        &[(DType::Q4_0, 50), (DType::Q8_0, 17)],
+        &[(DType::BF16, 20), (DType::BF16, 49)],
+        &[(DType::F16, 30), (DType::Q4_0, 3), (DType::F32, 11)],
+    ];
+    for exact in [true, false] {
+        let _mode = exact_scope(exact);
+        for set in sets {
+            let ws: Vec<Tensor> = set
+                .iter()
+                .map(|&(d, m)| Tensor::from_bytes(d, vec![m, k], random_weights(&mut rng, d, m, k)))
+                .collect();
+            for n in [1, 5, 6, 8, 15, 16, 40] {
+                let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+                let want: Vec<Vec<f32>> = ws
+                    .iter()
+                    .map(|w| {
+                        let mut o = vec![0.0; n * w.n_rows()];
+                        matmul(w, &x, n, &mut o);
+                        o
+                    })
+                    .collect();
+                let mut got: Vec<Vec<f32>> =
+                    ws.iter().map(|w| vec![f32::NAN; n * w.n_rows()]).collect();
+                let refs: Vec<&Tensor> = ws.iter().collect();
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_many(&refs, &x, n, &mut outs);
+                assert_eq!(got, want, "exact={exact} {set:?} n={n}");
+            }
+        }
+    }
+}

@@ -101,9 +101,7 @@ impl Attention {
         let n = rows.len();
         let hd = self.head_dim;
         let (qd, kvd) = (self.n_heads * hd, self.n_kv_heads * hd);
-        let mut q = self.q.forward(x, n);
-        let mut k = self.k.forward(x, n);
-        let v = self.v.forward(x, n);
+        let [mut q, mut k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x, n);
         if let Some(qn) = &self.q_norm {
             qn.forward(&mut q);
         }

@@ -64,12 +64,29 @@ impl Linear {
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0.0; n * self.out_dim];
         kernels::matmul(&self.w, x, n, &mut y);
+        self.add_bias(&mut y);
+        y
+    }
+
+    /// [`Linear::forward`] of several layers on the same input (q/k/v, gate/up): one
+    /// [`kernels::matmul_many`], so a prefill packs the activations once for all of them.
+    pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], n: usize) -> [Vec<f32>; N] {
+        let mut ys: [Vec<f32>; N] = ls.map(|l| vec![0.0; n * l.out_dim]);
+        let ws: [&Tensor; N] = ls.map(|l| &l.w);
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        kernels::matmul_many(&ws, x, n, &mut outs);
+        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+            l.add_bias(y);
+        }
+        ys
+    }
+
+    fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.b {
             for row in y.chunks_mut(self.out_dim) {
                 kernels::add_inplace(row, b);
             }
         }
-        y
     }
 }
 
@@ -163,8 +180,7 @@ impl Mlp {
         })
     }
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let mut g = self.gate.forward(x, n);
-        let u = self.up.forward(x, n);
+        let [mut g, u] = Linear::forward_many([&self.gate, &self.up], x, n);
         kernels::silu_mul(&mut g, &u);
         self.down.forward(&g, n)
     }
