@@ -595,6 +595,42 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
                     && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
                     && w.n_rows() > 0
             });
+    let valid = |w: &&Tensor, o: &&mut [f32]| {
+        w.row_len() == k
+            && x.len() == n * k
+            && o.len() == n * w.n_rows()
+            && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
+            && w.n_rows() > 0
+    };
+    // The matrix-vector kernels on f32 activations (exact mode, float weights) need no
+    // per-format preparation of the activations: one parallel region for all the matrices.
+    let rows_shared = ws.len() > 1
+        && n > 0
+        && k > 0
+        && kerns
+            .iter()
+            .all(|kern| kern.act == Act::F32 && path(kern, n, k) == Path::Rows)
+        && ws.iter().zip(outs.iter()).all(|(w, o)| valid(w, o));
+    if rows_shared {
+        let jobs: Vec<Job> = ws
+            .iter()
+            .zip(kerns)
+            .zip(outs.iter_mut())
+            .map(|((w, kern), o)| Job {
+                w,
+                kern,
+                out: SendPtr(o.as_mut_ptr()),
+            })
+            .collect();
+        let xp = SendPtr(x.as_ptr() as *mut u8);
+        for_each_chunk(&jobs, rows_chunk, &|job, range| {
+            let xp = &xp;
+            // SAFETY: checked by `valid`: whole weight rows, n·k f32 activations, n·m
+            // outputs per job; each chunk's columns belong to its task alone.
+            unsafe { rows_task(job, xp.0, 4 * k, n, range) }
+        });
+        return;
+    }
     if !shared {
         for ((w, kern), o) in ws.iter().zip(kerns).zip(outs.iter_mut()) {
             matmul_kernel(kern, w, x, n, o);
@@ -674,45 +710,67 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
             }
         }
     };
-    let wp = SendPtr(data.as_ptr() as *mut u8);
+    let job = Job {
+        w,
+        kern,
+        out: SendPtr(out.as_mut_ptr()),
+    };
     let xp = SendPtr(xp as *mut u8);
-    let op = SendPtr(out.as_mut_ptr());
-    let chunk = m.div_ceil(threads() * 4).max(TILE_ROWS);
-    let f = kern.f;
-    parallel_for(m, chunk, &|range| {
-        let (wp, xp, op) = (&wp, &xp, &op);
-        let mut r0 = range.start;
-        while r0 < range.end {
-            let rows = TILE_ROWS.min(range.end - r0);
-            let mut t0 = 0;
-            while t0 < n {
-                let nx = 4.min(n - t0);
-                // SAFETY: rows r0..r0+rows of the weights (m·rb bytes checked above) and
-                // activation rows t0..t0+nx (n rows of xs bytes, built above) are in bounds;
-                // out[t·m + r] for these r belongs to this task alone (parallel_for hands out
-                // disjoint ranges); `kern` was built for this dtype on an available ISA.
-                unsafe {
-                    let a = MatArgs {
-                        dtype,
-                        w: wp.0.add(r0 * rb),
-                        w_stride: rb,
-                        rows,
-                        x: xp.0.add(t0 * xs),
-                        x_stride: xs,
-                        nx,
-                        k,
-                        out: op.0.add(t0 * m + r0),
-                        out_stride: m,
-                    };
-                    f(&a);
-                }
-                t0 += nx;
-            }
-            r0 += rows;
-        }
+    for_each_chunk(std::slice::from_ref(&job), rows_chunk, &|job, range| {
+        let xp = &xp;
+        // SAFETY: the weights hold m·rb bytes (checked above), the activations n rows of xs
+        // bytes in the kernel's format (built above), out n·m f32; `range` is this task's.
+        unsafe { rows_task(job, xp.0, xs, n, range) }
     });
     QBUF.with(|b| *b.borrow_mut() = qbuf);
     DBUF.with(|b| *b.borrow_mut() = dbuf);
+}
+
+/// Rows per task of the matrix-vector path: about 4 tasks per thread, whole tiles.
+fn rows_chunk(m: usize) -> usize {
+    m.div_ceil(threads() * 4).max(TILE_ROWS)
+}
+
+/// The matrix-vector kernels over weight rows `range` of `job`: `TILE_ROWS` rows by up to 4
+/// activation rows per call.
+///
+/// # Safety
+/// `job.w` holds whole rows of its format; `xp` holds `n` activation rows of `xs` bytes in
+/// the format `job.kern` takes; `job.out` holds `n × m` f32 and no other task writes the
+/// columns `range`.
+unsafe fn rows_task(job: &Job, xp: *const u8, xs: usize, n: usize, range: std::ops::Range<usize>) {
+    let k = job.w.row_len();
+    let m = job.w.n_rows();
+    let rb = job.w.dtype.bytes_for(k).expect("checked by the caller");
+    let wp = job.w.data().as_ptr();
+    let mut r0 = range.start;
+    while r0 < range.end {
+        let rows = TILE_ROWS.min(range.end - r0);
+        let mut t0 = 0;
+        while t0 < n {
+            let nx = 4.min(n - t0);
+            // SAFETY: rows r0..r0+rows of the weights and activation rows t0..t0+nx are in
+            // bounds; out[t·m + r] for these r belongs to this task alone; `kern` was built
+            // for this dtype on an available ISA (the function's contract).
+            unsafe {
+                let a = MatArgs {
+                    dtype: job.w.dtype,
+                    w: wp.add(r0 * rb),
+                    w_stride: rb,
+                    rows,
+                    x: xp.add(t0 * xs),
+                    x_stride: xs,
+                    nx,
+                    k,
+                    out: job.out.0.add(t0 * m + r0),
+                    out_stride: m,
+                };
+                (job.kern.f)(&a);
+            }
+            t0 += nx;
+        }
+        r0 += rows;
+    }
 }
 
 /// Grows a scratch buffer to at least `n` elements. Never shrinks, and never re-initialises
@@ -797,18 +855,32 @@ struct Job<'a> {
 /// Hands the `GEMM_TILE_ROWS`-row tiles of every job out over the pool in one parallel region
 /// (several small matrices then share one synchronisation and balance each other).
 fn for_each_tile(jobs: &[Job], task: &(dyn Fn(&Job, std::ops::Range<usize>) + Sync)) {
+    for_each_chunk(jobs, |_| GEMM_TILE_ROWS, task)
+}
+
+/// Splits every job's rows into chunks of `chunk(m)` rows and runs `task(job, rows)` on each,
+/// all jobs in one parallel region.
+fn for_each_chunk(
+    jobs: &[Job],
+    chunk: impl Fn(usize) -> usize,
+    task: &(dyn Fn(&Job, std::ops::Range<usize>) + Sync),
+) {
     let mut starts = Vec::with_capacity(jobs.len());
+    let mut sizes = Vec::with_capacity(jobs.len());
     let mut total = 0;
     for j in jobs {
+        let m = j.w.n_rows();
+        let c = chunk(m).max(1);
         starts.push(total);
-        total += j.w.n_rows().div_ceil(GEMM_TILE_ROWS);
+        sizes.push(c);
+        total += m.div_ceil(c);
     }
-    parallel_for(total, 1, &|tiles| {
-        for t in tiles {
+    parallel_for(total, 1, &|chunks| {
+        for t in chunks {
             let j = starts.partition_point(|&s| s <= t) - 1;
             let m = jobs[j].w.n_rows();
-            let r0 = (t - starts[j]) * GEMM_TILE_ROWS;
-            task(&jobs[j], r0..(r0 + GEMM_TILE_ROWS).min(m));
+            let r0 = (t - starts[j]) * sizes[j];
+            task(&jobs[j], r0..(r0 + sizes[j]).min(m));
         }
     });
 }
