@@ -101,7 +101,17 @@ impl Attention {
         let n = rows.len();
         let hd = self.head_dim;
         let (qd, kvd) = (self.n_heads * hd, self.n_kv_heads * hd);
-        let [mut q, mut k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x, n);
+        // The output gate (LFM3) reads the same input: projected in the same pass.
+        let (mut q, mut k, v, gates) = match &self.gate {
+            Some(g) => {
+                let [q, k, v, gt] = Linear::forward_many([&self.q, &self.k, &self.v, g], x, n);
+                (q, k, v, Some(gt))
+            }
+            None => {
+                let [q, k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x, n);
+                (q, k, v, None)
+            }
+        };
         if let Some(qn) = &self.q_norm {
             qn.forward(&mut q);
         }
@@ -127,7 +137,7 @@ impl Attention {
                 );
             }
             self.attend_gemm(&q, &caches[rows[0].seq].layers[layer], pos0, n, &mut ctx);
-            self.apply_gate(x, n, &mut ctx);
+            self.apply_gate(gates.as_deref(), &mut ctx);
             return ctx;
         }
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
@@ -168,15 +178,14 @@ impl Attention {
             });
             start = end;
         }
-        self.apply_gate(x, n, &mut ctx);
+        self.apply_gate(gates.as_deref(), &mut ctx);
         ctx
     }
 
-    /// LFM3's per-head sigmoid output gate, if any.
-    fn apply_gate(&self, x: &[f32], n: usize, ctx: &mut [f32]) {
+    /// LFM3's per-head sigmoid output gate (`gates`: `[n, n_heads]` pre-activations), if any.
+    fn apply_gate(&self, gates: Option<&[f32]>, ctx: &mut [f32]) {
         let hd = self.head_dim;
-        if let Some(g) = &self.gate {
-            let gates = g.forward(x, n);
+        if let Some(gates) = gates {
             for (row, gr) in ctx
                 .chunks_mut(self.n_heads * hd)
                 .zip(gates.chunks(self.n_heads))
