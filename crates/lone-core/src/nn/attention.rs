@@ -225,21 +225,23 @@ impl Attention {
     /// prompts run on the GEMM kernels. Keys after a row's position are masked out of its
     /// softmax (their scores are computed and dropped).
     fn attend_gemm(&self, q: &[f32], cache: &LayerCache, pos0: usize, n: usize, ctx: &mut [f32]) {
-        // Query rows per chunk: a chunk multiplies only the keys up to its last position, so
-        // the causal mask costs at most one chunk's worth of dropped scores per row.
-        const CHUNK: usize = 128;
         let hd = self.head_dim;
         let kvd = self.n_kv_heads * hd;
         let qd = self.n_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
+        // Query rows per chunk: a chunk multiplies only the keys up to its last position, so
+        // the causal mask costs at most one chunk's worth of dropped scores per row. At long
+        // contexts fewer rows, so that a chunk's scores stay within ~64 MiB.
+        const SCORES_BUDGET: usize = 16 << 20;
+        let chunk = (SCORES_BUDGET / (group * (pos0 + n))).clamp(16, 128);
         let LayerCache::Attention { k: kc, v: vc } = cache else {
             unreachable!("checked by one_sequence_prefill")
         };
         let scale = 1.0 / (hd as f32).sqrt();
         let (mut kh, mut vt, mut qg, mut scores, mut out) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for i0 in (0..n).step_by(CHUNK) {
-            let i1 = (i0 + CHUNK).min(n);
+        for i0 in (0..n).step_by(chunk) {
+            let i1 = (i0 + chunk).min(n);
             let nk = pos0 + i1;
             let nq = (i1 - i0) * group;
             for kvh in 0..self.n_kv_heads {
