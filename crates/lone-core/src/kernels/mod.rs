@@ -425,7 +425,11 @@ struct VecFns {
     axpy: unsafe fn(*mut f32, f32, *const f32, usize),
     /// `x[i] = e^x[i]`, within a few ulp of `f32::exp`.
     exp: unsafe fn(*mut f32, usize),
+    /// See [`mix_rows`].
+    mix: MixFn,
 }
+
+type MixFn = unsafe fn(*const f32, usize, usize, *const f32, usize, usize, usize, *mut f32);
 
 fn vec_fns(isa: Isa) -> VecFns {
     match isa {
@@ -434,18 +438,148 @@ fn vec_fns(isa: Isa) -> VecFns {
             dot: x86::avx512::dot,
             axpy: x86::avx512::axpy,
             exp: x86::exp_avx512,
+            mix: x86::avx512::mix,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
             dot: x86::avx2::dot,
             axpy: x86::avx2::axpy,
             exp: exp_scalar,
+            mix: x86::avx2::mix,
         },
         _ => VecFns {
             dot: dot_scalar,
             axpy: axpy_scalar,
             exp: exp_scalar,
+            mix: mix_scalar,
         },
+    }
+}
+
+/// Scalar reference of [`mix_rows`] (same contract, unchecked).
+#[allow(clippy::too_many_arguments)]
+unsafe fn mix_scalar(
+    p: *const f32,
+    p_stride: usize,
+    nq: usize,
+    vals: *const f32,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    for g in 0..nq {
+        for j in 0..nk {
+            // SAFETY: the mix_rows contract (checked by it).
+            let (w, v, o) = unsafe {
+                (
+                    *p.add(g * p_stride + j),
+                    std::slice::from_raw_parts(vals.add(j * stride), d),
+                    std::slice::from_raw_parts_mut(out.add(g * d), d),
+                )
+            };
+            for (a, &b) in o.iter_mut().zip(v) {
+                *a += w * b;
+            }
+        }
+    }
+}
+
+/// Dot products of `nq` rows of `q` (`d` each, contiguous) with `nk` rows of `keys` (`d`
+/// each, `stride` apart): `out[g·nk + j] = q_g · key_j` (attention scores). Runs on the calling
+/// thread, with the f32 matrix-vector kernel.
+///
+/// Panics if the slices are too short.
+pub fn dot_rows(
+    q: &[f32],
+    nq: usize,
+    keys: &[f32],
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        q.len() >= nq * d && out.len() >= nq * nk,
+        "dot_rows: lengths"
+    );
+    assert!(
+        nk == 0 || (keys.len() >= (nk - 1) * stride + d && stride >= d),
+        "dot_rows: keys"
+    );
+    if nq == 0 || nk == 0 {
+        return;
+    }
+    if d == 0 {
+        out[..nq * nk].fill(0.0);
+        return;
+    }
+    let kern = active().table[dtype_index(DType::F32)][1];
+    debug_assert!(kern.act == Act::F32);
+    let mut g0 = 0;
+    while g0 < nq {
+        let nx = 4.min(nq - g0);
+        // SAFETY: nk key rows of d f32, `stride` apart, lie in `keys`; nx query rows of d f32
+        // from g0 in `q`; out rows g0..g0+nx of nk f32 in `out` (all asserted above); the F32
+        // kernel takes f32 activations and runs on this CPU.
+        unsafe {
+            let a = MatArgs {
+                dtype: DType::F32,
+                w: keys.as_ptr() as *const u8,
+                w_stride: 4 * stride,
+                rows: nk,
+                x: q.as_ptr().add(g0 * d) as *const u8,
+                x_stride: 4 * d,
+                nx,
+                k: d,
+                out: out.as_mut_ptr().add(g0 * nk),
+                out_stride: nk,
+            };
+            (kern.f)(&a);
+        }
+        g0 += nx;
+    }
+}
+
+/// `out[g·d + i] += Σ_j p[g·p_stride + j] · vals[j·stride + i]` for `g < nq`, `j < nk`,
+/// `i < d` (attention's weighted sum of values, several heads at once).
+///
+/// Panics if the slices are too short.
+#[allow(clippy::too_many_arguments)]
+pub fn mix_rows(
+    p: &[f32],
+    p_stride: usize,
+    nq: usize,
+    vals: &[f32],
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    if nq == 0 || nk == 0 || d == 0 {
+        return;
+    }
+    assert!(
+        p.len() >= (nq - 1) * p_stride + nk && p_stride >= nk,
+        "mix_rows: weights"
+    );
+    assert!(
+        vals.len() >= (nk - 1) * stride + d && stride >= d,
+        "mix_rows: values"
+    );
+    assert!(out.len() >= nq * d, "mix_rows: output");
+    // SAFETY: the extents were asserted above; the table's functions run on this CPU.
+    unsafe {
+        (active().vec.mix)(
+            p.as_ptr(),
+            p_stride,
+            nq,
+            vals.as_ptr(),
+            stride,
+            nk,
+            d,
+            out.as_mut_ptr(),
+        )
     }
 }
 

@@ -306,3 +306,70 @@ fn matmul_many_equals_separate_matmuls() {
         }
     }
 }
+
+/// The attention primitives against plain f64 loops, over odd sizes and strides.
+#[test]
+fn dot_rows_and_mix_rows_match_the_reference() {
+    let mut rng = Rng(31);
+    for (nq, nk, d, stride) in [
+        (1, 1, 1, 1),
+        (3, 17, 64, 80),
+        (7, 40, 64, 128),
+        (5, 9, 72, 72),
+        (2, 33, 128, 256),
+        (4, 5, 17, 19),
+    ] {
+        let q: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+        let keys: Vec<f32> = (0..(nk - 1) * stride + d).map(|_| rng.f32()).collect();
+        let mut s = vec![f32::NAN; nq * nk];
+        dot_rows(&q, nq, &keys, stride, nk, d, &mut s);
+        for g in 0..nq {
+            for j in 0..nk {
+                let want: f64 = (0..d)
+                    .map(|i| q[g * d + i] as f64 * keys[j * stride + i] as f64)
+                    .sum();
+                let mag: f64 = (0..d)
+                    .map(|i| (q[g * d + i] as f64 * keys[j * stride + i] as f64).abs())
+                    .sum();
+                let got = s[g * nk + j] as f64;
+                assert!(
+                    (got - want).abs() <= (d as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                    "dot_rows {nq}x{nk}x{d}: {got} vs {want}"
+                );
+            }
+        }
+        let p_stride = nk + 3;
+        let p: Vec<f32> = (0..(nq - 1) * p_stride + nk).map(|_| rng.f32()).collect();
+        let base: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+        for isa in Isa::available() {
+            let f = vec_fns(isa);
+            let mut out = base.clone();
+            // SAFETY: the extents match mix_rows' contract; `isa` is available.
+            unsafe {
+                (f.mix)(
+                    p.as_ptr(),
+                    p_stride,
+                    nq,
+                    keys.as_ptr(),
+                    stride,
+                    nk,
+                    d,
+                    out.as_mut_ptr(),
+                )
+            };
+            for g in 0..nq {
+                for i in 0..d {
+                    let terms =
+                        (0..nk).map(|j| p[g * p_stride + j] as f64 * keys[j * stride + i] as f64);
+                    let want = base[g * d + i] as f64 + terms.clone().sum::<f64>();
+                    let mag = (base[g * d + i] as f64).abs() + terms.map(f64::abs).sum::<f64>();
+                    let got = out[g * d + i] as f64;
+                    assert!(
+                        (got - want).abs() <= (nk as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                        "{isa:?} mix {nq}x{nk}x{d} g={g} i={i}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

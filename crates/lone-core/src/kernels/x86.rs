@@ -1620,6 +1620,90 @@ unsafe fn pack32_v16(x: *const f32, k: usize, rows: usize, dst: *mut f32) {
     }
 }
 
+/// `out[g·d + i] += Σ_j p[g·p_stride + j] · vals[j·stride + i]` for `g < G`, `i < d`,
+/// `j < nk`: each value row is loaded once for all `G` rows of weights, the accumulators
+/// (`G` × 4 vectors, 64 columns at a time on AVX-512) stay in registers over all `j`.
+#[inline(always)]
+unsafe fn mix_v<V: F32V, const G: usize>(
+    p: *const f32,
+    p_stride: usize,
+    vals: *const f32,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let l = V::LANES;
+    let mut c = 0;
+    while c + 4 * l <= d {
+        let mut acc = [[V::zero(); 4]; G];
+        for j in 0..nk {
+            let v: [V; 4] = core::array::from_fn(|u| V::load(vals.add(j * stride + c + u * l)));
+            for g in 0..G {
+                let pg = V::splat(*p.add(g * p_stride + j));
+                for u in 0..4 {
+                    acc[g][u] = V::fma(pg, v[u], acc[g][u]);
+                }
+            }
+        }
+        for g in 0..G {
+            for u in 0..4 {
+                let o = out.add(g * d + c + u * l);
+                V::add(V::load(o), acc[g][u]).store(o);
+            }
+        }
+        c += 4 * l;
+    }
+    while c + l <= d {
+        let mut acc = [V::zero(); G];
+        for j in 0..nk {
+            let v = V::load(vals.add(j * stride + c));
+            for g in 0..G {
+                acc[g] = V::fma(V::splat(*p.add(g * p_stride + j)), v, acc[g]);
+            }
+        }
+        for g in 0..G {
+            let o = out.add(g * d + c);
+            V::add(V::load(o), acc[g]).store(o);
+        }
+        c += l;
+    }
+    for i in c..d {
+        for g in 0..G {
+            let mut a = 0.0f32;
+            for j in 0..nk {
+                a += *p.add(g * p_stride + j) * *vals.add(j * stride + i);
+            }
+            *out.add(g * d + i) += a;
+        }
+    }
+}
+
+/// [`mix_v`] for any number of weight rows, 4 at a time.
+#[inline(always)]
+unsafe fn mix_rows<V: F32V>(
+    p: *const f32,
+    p_stride: usize,
+    nq: usize,
+    vals: *const f32,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut g0 = 0;
+    while g0 < nq {
+        let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
+        match nq - g0 {
+            1 => mix_v::<V, 1>(pp, p_stride, vals, stride, nk, d, oo),
+            2 => mix_v::<V, 2>(pp, p_stride, vals, stride, nk, d, oo),
+            3 => mix_v::<V, 3>(pp, p_stride, vals, stride, nk, d, oo),
+            _ => mix_v::<V, 4>(pp, p_stride, vals, stride, nk, d, oo),
+        }
+        g0 += 4;
+    }
+}
+
 /// Float weight rows to f32 (`k` elements), vectorised.
 #[inline(always)]
 unsafe fn deq_float<V: F32V, W: FloatW>(src: *const u8, dst: *mut f32, k: usize) {
@@ -1720,6 +1804,20 @@ macro_rules! level {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
                 axpy_v::<$V>(y, a, x, n)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const f32,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_rows::<$V>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {

@@ -159,19 +159,24 @@ impl Attention {
                 );
             }
             let caches_ro: &[SeqCache] = caches;
+            // One task per (row, KV head): a single decode row still uses every thread.
+            let nkv = self.n_kv_heads;
+            let gd = qd / nkv;
             let slots: Vec<std::sync::Mutex<&mut [f32]>> = ctx[start * qd..end * qd]
-                .chunks_mut(qd)
+                .chunks_mut(gd)
                 .map(std::sync::Mutex::new)
                 .collect();
-            kernels::parallel_for(end - start, 1, &|range| {
-                for ii in range {
+            kernels::parallel_for((end - start) * nkv, 1, &|range| {
+                for task in range {
+                    let (ii, kvh) = (task / nkv, task % nkv);
                     let i = start + ii;
                     let r = rows[i];
-                    let mut out = slots[ii].lock().unwrap();
+                    let mut out = slots[task].lock().unwrap();
                     self.attend(
                         &q[i * qd..(i + 1) * qd],
                         &caches_ro[r.seq].layers[layer],
                         r.pos,
+                        kvh,
                         &mut out,
                     );
                 }
@@ -293,7 +298,10 @@ impl Attention {
         }
     }
 
-    fn attend(&self, q: &[f32], cache: &LayerCache, pos: usize, out: &mut [f32]) {
+    /// One row's attention for the query heads of KV head `kvh` (`group` heads): `q` is the
+    /// whole row, `out` the group's `group · head_dim` outputs. The group's heads share every
+    /// key and value row they read (`kernels::dot_rows`, `kernels::mix_rows`).
+    fn attend(&self, q: &[f32], cache: &LayerCache, pos: usize, kvh: usize, out: &mut [f32]) {
         let hd = self.head_dim;
         let kvd = self.n_kv_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
@@ -306,22 +314,61 @@ impl Attention {
             LayerCache::SlidingRing { k, v, cap, .. } => (k, v, *cap),
             LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
         };
-        let slot = |j: usize| if cap == usize::MAX { j } else { j % cap };
+        let nk = pos + 1 - first;
+        // Positions first..=pos as runs of consecutive cache rows: (first row, count, offset
+        // among the keys); a ring wraps at most once.
+        let mut segs = [(first, nk, 0), (0, 0, nk)];
+        if cap != usize::MAX {
+            let s0 = first % cap;
+            let len = nk.min(cap - s0);
+            segs = [(s0, len, 0), (0, nk - len, len)];
+        }
+        let qg = &q[kvh * group * hd..(kvh + 1) * group * hd];
+        let mut scores = vec![0f32; group * nk];
+        if segs[1].1 == 0 {
+            kernels::dot_rows(
+                qg,
+                group,
+                &kc[first_row(segs[0].0, kvd, kvh, hd)..],
+                kvd,
+                nk,
+                hd,
+                &mut scores,
+            );
+        } else {
+            for &(row, len, off) in &segs {
+                let mut part = vec![0f32; group * len];
+                kernels::dot_rows(
+                    qg,
+                    group,
+                    &kc[first_row(row, kvd, kvh, hd)..],
+                    kvd,
+                    len,
+                    hd,
+                    &mut part,
+                );
+                for g in 0..group {
+                    scores[g * nk + off..][..len].copy_from_slice(&part[g * len..(g + 1) * len]);
+                }
+            }
+        }
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut scores = vec![0f32; pos + 1 - first];
-        for h in 0..self.n_heads {
-            let kvh = h / group;
-            let qh = &q[h * hd..(h + 1) * hd];
-            for (s, j) in scores.iter_mut().zip(first..=pos) {
-                let kr = &kc[slot(j) * kvd + kvh * hd..][..hd];
-                *s = kernels::dot(qh, kr) * scale;
-            }
-            kernels::softmax(&mut scores);
-            let o = &mut out[h * hd..(h + 1) * hd];
-            o.fill(0.0);
-            for (p, j) in scores.iter().zip(first..=pos) {
-                kernels::axpy(o, *p, &vc[slot(j) * kvd + kvh * hd..][..hd]);
-            }
+        for row in scores.chunks_mut(nk) {
+            row.iter_mut().for_each(|v| *v *= scale);
+            kernels::softmax(row);
+        }
+        out.fill(0.0);
+        for &(row, len, off) in segs.iter().filter(|s| s.1 > 0) {
+            kernels::mix_rows(
+                &scores[off..],
+                nk,
+                group,
+                &vc[first_row(row, kvd, kvh, hd)..],
+                kvd,
+                len,
+                hd,
+                out,
+            );
         }
     }
 
@@ -336,6 +383,11 @@ impl Attention {
         let ctx = self.context(x, rows, caches, layer);
         self.o.forward(&ctx, rows.len())
     }
+}
+
+/// Offset of KV head `kvh` in cache row `row` (rows of `kvd`, heads of `hd`).
+fn first_row(row: usize, kvd: usize, kvh: usize, hd: usize) -> usize {
+    row * kvd + kvh * hd
 }
 
 fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
@@ -406,8 +458,11 @@ mod tests {
         let mut got = vec![0.0; n * qd];
         att.attend_gemm(&q, &cache, pos0, n, &mut got);
         let mut want = vec![0.0; qd];
+        let gd = qd / n_kv_heads;
         for i in 0..n {
-            att.attend(&q[i * qd..(i + 1) * qd], &cache, pos0 + i, &mut want);
+            for (kvh, w) in want.chunks_mut(gd).enumerate() {
+                att.attend(&q[i * qd..(i + 1) * qd], &cache, pos0 + i, kvh, w);
+            }
             for (j, (&a, &b)) in got[i * qd..(i + 1) * qd].iter().zip(&want).enumerate() {
                 assert!((a - b).abs() <= 1e-5, "row {i} element {j}: {a} vs {b}");
             }
