@@ -1681,6 +1681,7 @@ unsafe fn mix_v<V: F32V, const G: usize>(
 
 /// [`mix_v`] for any number of weight rows, 4 at a time.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn mix_rows<V: F32V>(
     p: *const f32,
     p_stride: usize,
