@@ -56,6 +56,32 @@ fn check_common(v: &Value) {
 }
 
 #[test]
+fn depth_runs_the_tests_after_a_filled_context() {
+    let model = fixture("lfm3");
+    let lines = bench_lines(&[
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-d",
+        "20",
+        "-r",
+        "1",
+    ]);
+    let tests: Vec<&str> = lines.iter().filter_map(|v| v["test"].as_str()).collect();
+    assert!(
+        tests.contains(&"pp8 @ d20") && tests.contains(&"tg4 @ d20"),
+        "{tests:?}"
+    );
+    for v in lines.iter().filter(|v| v["test"] != "cold_start") {
+        assert_eq!(v["depth"], 20, "{v}");
+        positive(v, "avg_ts");
+    }
+}
+
+#[test]
 fn fast_flag_selects_fast_mode() {
     let model = fixture("llama/model-q4_0.gguf");
     let m = model.to_str().unwrap();

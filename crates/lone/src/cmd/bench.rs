@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Seed of the random prompt token ids.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Context already in the cache before each pp/tg test (random tokens, not timed), like
+    /// llama-bench's -d: `pp512 @ d3000` prefills 512 tokens after 3000.
+    #[arg(long, short = 'd', default_value_t = 0)]
+    pub depth: usize,
 }
 
 /// The warm-up before each test is a short run of the same kind: it touches every weight
@@ -356,9 +360,18 @@ impl Rng {
     }
 }
 
-/// Seconds to prefill `tokens` into a fresh cache.
-fn time_prefill(model: &Model, tokens: &[u32]) -> Result<f64> {
+/// A fresh cache holding `context` (not timed).
+fn cache_at(model: &Model, context: &[u32]) -> Result<lone_core::cache::SeqCache> {
     let mut cache = model.new_cache();
+    if !context.is_empty() {
+        prefill(model, &mut cache, context, false)?;
+    }
+    Ok(cache)
+}
+
+/// Seconds to prefill `tokens` into a cache holding `context`.
+fn time_prefill(model: &Model, context: &[u32], tokens: &[u32]) -> Result<f64> {
+    let mut cache = cache_at(model, context)?;
     let t = Instant::now();
     let logits = prefill(model, &mut cache, tokens, false)?;
     let s = t.elapsed().as_secs_f64();
@@ -366,9 +379,10 @@ fn time_prefill(model: &Model, tokens: &[u32]) -> Result<f64> {
     Ok(s)
 }
 
-/// Seconds for `n` decode steps (greedy pick + 1-token forward) after a 1-token prompt.
-fn time_decode(model: &Model, first: u32, n: usize) -> Result<f64> {
-    let mut cache = model.new_cache();
+/// Seconds for `n` decode steps (greedy pick + 1-token forward) after `context` and a
+/// 1-token prompt.
+fn time_decode(model: &Model, context: &[u32], first: u32, n: usize) -> Result<f64> {
+    let mut cache = cache_at(model, context)?;
     let mut logits = prefill(model, &mut cache, &[first], false)?;
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let mut history = vec![first];
@@ -455,37 +469,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
         suite(&model, text, &info, &a, &mut out)?;
     } else {
         let reps = a.reps.unwrap_or(3);
+        let d = a.depth;
+        let context = rng.tokens(d, vocab);
+        let at = |t: String| if d > 0 { format!("{t} @ d{d}") } else { t };
         for &n in a.prompt_tokens.iter().filter(|&&n| n > 0) {
-            if n >= ctx {
-                bail!("pp{n}: the model's context holds {ctx} tokens");
+            if d + n >= ctx {
+                bail!("pp{n} at depth {d}: the model's context holds {ctx} tokens");
             }
             let tokens = rng.tokens(n, vocab);
             if warmup {
-                time_prefill(&model, &tokens[..n.min(WARMUP_PROMPT)])?;
+                time_prefill(&model, &[], &tokens[..n.min(WARMUP_PROMPT)])?;
             }
             let mut secs = Vec::with_capacity(reps);
             let cpu0 = cpu_seconds();
             for _ in 0..reps {
-                secs.push(time_prefill(&model, &tokens)?);
+                secs.push(time_prefill(&model, &context, &tokens)?);
             }
             let cpu = cpu_seconds() - cpu0;
-            report(&mut out, &info, &format!("pp{n}"), n, 0, &secs, cpu)?;
+            report(&mut out, &info, &at(format!("pp{n}")), n, 0, &secs, cpu)?;
         }
         for &n in a.gen_tokens.iter().filter(|&&n| n > 0) {
-            if n + 1 >= ctx {
-                bail!("tg{n}: the model's context holds {ctx} tokens");
+            if d + n + 1 >= ctx {
+                bail!("tg{n} at depth {d}: the model's context holds {ctx} tokens");
             }
             let first = first_id.unwrap_or_else(|| rng.tokens(1, vocab)[0]);
             if warmup {
-                time_decode(&model, first, n.min(WARMUP_GEN))?;
+                time_decode(&model, &[], first, n.min(WARMUP_GEN))?;
             }
             let mut secs = Vec::with_capacity(reps);
             let cpu0 = cpu_seconds();
             for _ in 0..reps {
-                secs.push(time_decode(&model, first, n)?);
+                secs.push(time_decode(&model, &context, first, n)?);
             }
             let cpu = cpu_seconds() - cpu0;
-            report(&mut out, &info, &format!("tg{n}"), 0, n, &secs, cpu)?;
+            report(&mut out, &info, &at(format!("tg{n}")), 0, n, &secs, cpu)?;
         }
     }
 
@@ -512,6 +529,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The `@ dN` depth of a test name, 0 without one.
+fn depth_of(test: &str) -> usize {
+    test.rsplit_once(" @ d")
+        .and_then(|(_, d)| d.parse().ok())
+        .unwrap_or(0)
+}
+
 fn report(
     out: &mut Out,
     info: &Info,
@@ -529,6 +553,7 @@ fn report(
             info,
             json!({
                 "test": test,
+                "depth": depth_of(test),
                 "n_prompt": n_prompt,
                 "n_gen": n_gen,
                 "reps": secs.len(),
