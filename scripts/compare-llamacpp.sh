@@ -7,6 +7,7 @@
 #   THREADS=2  PROMPTS=128,512  GEN=64  REPS=3  ROUNDS=1   (ROUNDS > 1: lone, llama, lone, llama …)
 #   LONE_REPS, LLAMA_REPS   per-engine repetitions (default REPS)
 #   MODELS_FILTER=regex   only files whose path matches (e.g. 'LFM2-350M|Qwen2.5-0.5B')
+#   DEPTH=N               run every test after N tokens of context (both engines' -d)
 #   DATE=YYYY-MM-DD       names the output (default today)
 #   LONE=path/to/lone     (default: builds target/release/lone)
 #   LLAMA_BENCH=path      (default: ~/.cache/llama.cpp-0c1e570/bin/llama-bench)
@@ -30,6 +31,7 @@ REPS="${REPS:-3}"
 LONE_REPS="${LONE_REPS:-$REPS}"
 LLAMA_REPS="${LLAMA_REPS:-$REPS}"
 ROUNDS="${ROUNDS:-1}"
+DEPTH="${DEPTH:-0}"
 DATE="${DATE:-$(date +%F)}"
 ROOT="${LONE_BENCH_MODELS:-$HOME/.cache/lone/bench}"
 LLAMA_BENCH="${LLAMA_BENCH:-$HOME/.cache/llama.cpp-0c1e570/bin/llama-bench}"
@@ -100,12 +102,12 @@ for f in "${files[@]}"; do
   tag="${model}__${quant}"
   for r in $(seq 1 "$ROUNDS"); do
     t=$(date +%s)
-    "${PRIO[@]}" "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LONE_REPS" --json \
+    "${PRIO[@]}" "$LONE" bench --model "$f" --threads "$THREADS" -p "$PROMPTS" -n "$GEN" -d "$DEPTH" -r "$LONE_REPS" --json \
       > "$RAW/$tag.lone.$r.jsonl" 2> "$RAW/$tag.lone.$r.err" || { step "lone failed on $f"; cat "$RAW/$tag.lone.$r.err" >&2; }
     t2=$(date +%s)
     # /usr/bin/time: the whole process's CPU share, to compare with lone's cpu_s / wall_s.
     cat /proc/loadavg > "$RAW/$tag.llama.$r.load"
-    "${PRIO[@]}" $TIME "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$LLAMA_REPS" -o json \
+    "${PRIO[@]}" $TIME "$LLAMA_BENCH" -m "$f" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -d "$DEPTH" -r "$LLAMA_REPS" -o json \
       > "$RAW/$tag.llama.$r.json" 2> "$RAW/$tag.llama.$r.err" || { step "llama-bench failed on $f"; tail -5 "$RAW/$tag.llama.$r.err" >&2; }
     step "$model $quant round $r: lone $((t2 - t)) s, llama.cpp $(( $(date +%s) - t2 )) s"
   done

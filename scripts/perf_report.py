@@ -28,8 +28,9 @@ def mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def test_name(n_prompt: int, n_gen: int) -> str:
-    return f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}" if n_prompt == 0 else f"pp{n_prompt}+tg{n_gen}"
+def test_name(n_prompt: int, n_gen: int, n_depth: int = 0) -> str:
+    name = f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}" if n_prompt == 0 else f"pp{n_prompt}+tg{n_gen}"
+    return f"{name} @ d{n_depth}" if n_depth else name
 
 
 def collect(raw: Path, out: Path) -> None:
@@ -83,7 +84,7 @@ def collect(raw: Path, out: Path) -> None:
                     share = (float(u) + float(sy)) / max(float(wall), 1e-9)
         load = f.with_suffix(".load")
         for r in data:
-            x = row(model, quant, test_name(r["n_prompt"], r["n_gen"]))
+            x = row(model, quant, test_name(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)))
             if share is not None:
                 x.setdefault("llama_process_cpu_share", []).append(share)
             if load.exists():
@@ -129,7 +130,8 @@ def quant_order(q: str) -> int:
 
 
 def test_order(t: str) -> tuple[int, int]:
-    return (0 if t.startswith("pp") else 1, int("".join(c for c in t[2:] if c.isdigit()) or 0))
+    base = t.split(" @ ")[0]
+    return (0 if base.startswith("pp") else 1, int("".join(c for c in base[2:] if c.isdigit()) or 0))
 
 
 def fmt(x, nd=2) -> str:
