@@ -267,10 +267,15 @@ fn act_format(dtype: DType) -> Option<DType> {
 
 /// Scalar kernel: `quant::reference::dot_row` per (row, activation row), f32 activations.
 unsafe fn scalar_rows(a: &MatArgs) {
-    let rb = a.w_stride;
+    // Rows of `rb` bytes, `w_stride` apart (the stride may be longer: strided key rows).
+    let rb = a
+        .dtype
+        .bytes_for(a.k)
+        .expect("weight rows are whole blocks (checked by matmul)");
     for r in 0..a.rows {
-        // SAFETY: the MatFn contract: row r of `rb` bytes and activation rows of `k` f32.
-        let w = unsafe { std::slice::from_raw_parts(a.w.add(r * rb), rb) };
+        // SAFETY: the MatFn contract: row r of `rb` bytes at r·w_stride and activation rows of
+        // `k` f32.
+        let w = unsafe { std::slice::from_raw_parts(a.w.add(r * a.w_stride), rb) };
         for t in 0..a.nx {
             // SAFETY: as above; f32 activations are 4-byte aligned (they come from &[f32]).
             let x =

@@ -338,6 +338,34 @@ fn dot_rows_and_mix_rows_match_the_reference() {
                 );
             }
         }
+        // Every family's F32 kernel on strided rows (what dot_rows hands it).
+        for isa in Isa::available() {
+            let kern = kernel(isa, DType::F32, true);
+            let mut s2 = vec![f32::NAN; nq * nk];
+            for g0 in (0..nq).step_by(4) {
+                let a = MatArgs {
+                    dtype: DType::F32,
+                    w: keys.as_ptr() as *const u8,
+                    w_stride: 4 * stride,
+                    rows: nk,
+                    x: q[g0 * d..].as_ptr() as *const u8,
+                    x_stride: 4 * d,
+                    nx: 4.min(nq - g0),
+                    k: d,
+                    out: s2[g0 * nk..].as_mut_ptr(),
+                    out_stride: nk,
+                };
+                // SAFETY: the extents match the MatFn contract; `isa` is available.
+                unsafe { (kern.f)(&a) };
+            }
+            for (i, (&a, &b)) in s2.iter().zip(&s).enumerate() {
+                let tol = 1e-5 * (1.0 + b.abs()) * d as f32;
+                assert!(
+                    (a - b).abs() <= tol,
+                    "{isa:?} strided F32 kernel {nq}x{nk}x{d} [{i}]: {a} vs {b}"
+                );
+            }
+        }
         let p_stride = nk + 3;
         let p: Vec<f32> = (0..(nq - 1) * p_stride + nk).map(|_| rng.f32()).collect();
         let base: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
