@@ -5,4 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-default-model.sh
 cargo test --workspace --release 2>&1
+# The model-level tests again on the other kernel families this CPU has (the kernel unit tests
+# already cover every family; this catches the paths that only a whole model exercises).
+for isa in avx2 scalar; do
+  LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
+    --test smollm2 --test sharded 2>&1
+done
 tests/serve/run.sh
