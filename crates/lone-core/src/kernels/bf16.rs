@@ -12,7 +12,7 @@
 
 use core::arch::x86_64::*;
 
-use super::x86::write_tile;
+use super::x86::{for_each_micro, write_acc512};
 
 /// Activation rows per packed block: two 16-lane vectors.
 pub(super) const TB: usize = 32;
@@ -132,14 +132,8 @@ unsafe fn micro<const NV: usize>(g: &Bf16GemmArgs, r0: usize, t0: usize) {
             }
         }
     }
-    let mut tmp = [[0.0f32; TB]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
-        }
-    }
-    write_tile(
-        &tmp,
+    write_acc512(
+        &acc,
         R.min(g.rows - r0),
         (NV * 16).min(g.n - t0),
         g.out.add(t0 * g.out_stride + r0),
@@ -154,18 +148,11 @@ unsafe fn micro<const NV: usize>(g: &Bf16GemmArgs, r0: usize, t0: usize) {
 /// written belong to the caller alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn gemm(g: &Bf16GemmArgs) {
-    let mut t0 = 0;
-    while t0 < g.n {
-        let half = g.n - t0 <= 16;
-        let mut r0 = 0;
-        while r0 < g.rows {
-            if half {
-                micro::<1>(g, r0, t0);
-            } else {
-                micro::<2>(g, r0, t0);
-            }
-            r0 += R;
+    for_each_micro(g.n, g.rows, R, TB / 2, |r0, t0, one| {
+        if one {
+            micro::<1>(g, r0, t0);
+        } else {
+            micro::<2>(g, r0, t0);
         }
-        t0 += TB;
-    }
+    });
 }

@@ -18,8 +18,8 @@
 
 use core::arch::x86_64::*;
 
+use super::x86::{for_each_micro, write_acc512, WQ5_1, WQ8_0, XQ5K, XQ6K};
 use super::x86::{k45_quants, k4_scales, KExactW, LegacyW, WQ4_0, WQ4_1, WQ5_0};
-use super::x86::{write_tile, WQ5_1, WQ8_0, XQ5K, XQ6K};
 use crate::tensor::DType;
 
 /// Activation rows per packed block: two 16-lane vectors.
@@ -283,14 +283,8 @@ unsafe fn micro<const NV: usize>(g: &IGemmArgs, r0: usize, t0: usize) {
             }
         }
     }
-    let mut tmp = [[0.0f32; TB]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
-        }
-    }
-    write_tile(
-        &tmp,
+    write_acc512(
+        &acc,
         R.min(g.rows - r0),
         (NV * 16).min(g.n - t0),
         g.out.add(t0 * g.out_stride + r0),
@@ -305,18 +299,11 @@ unsafe fn micro<const NV: usize>(g: &IGemmArgs, r0: usize, t0: usize) {
 /// `n ≥ 1`; the outputs written belong to the caller alone.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn gemm(g: &IGemmArgs) {
-    let mut t0 = 0;
-    while t0 < g.n {
-        let half = g.n - t0 <= 16;
-        let mut r0 = 0;
-        while r0 < g.rows {
-            if half {
-                micro::<1>(g, r0, t0);
-            } else {
-                micro::<2>(g, r0, t0);
-            }
-            r0 += R;
+    for_each_micro(g.n, g.rows, R, TB / 2, |r0, t0, one| {
+        if one {
+            micro::<1>(g, r0, t0);
+        } else {
+            micro::<2>(g, r0, t0);
         }
-        t0 += TB;
-    }
+    });
 }

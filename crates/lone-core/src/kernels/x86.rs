@@ -1446,26 +1446,63 @@ pub(super) unsafe fn write_tile<const R: usize>(
 }
 
 /// Every (row, activation row) pair of a [`GemmArgs`]: for each block of `2·LANES` packed
-/// activation rows (`k·2·LANES` f32, in L2), every group of `R` weight rows. A last block of
-/// at most `LANES` rows takes the one-vector kernel.
+/// activation rows (`k·2·LANES` f32, in L2), every group of `R` weight rows.
 #[inline(always)]
 unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
-    let tb = 2 * V::LANES;
-    let mut t0 = 0;
-    while t0 < g.n {
+    for_each_micro(g.n, g.rows, R, V::LANES, |r0, t0, one| {
         let xp = g.x.add(t0 * g.k);
-        let half = g.n - t0 <= V::LANES;
-        let mut r0 = 0;
-        while r0 < g.rows {
-            if half {
-                gemm_micro::<V, R, 1>(g, r0, t0, xp);
-            } else {
-                gemm_micro::<V, R, 2>(g, r0, t0, xp);
-            }
-            r0 += R;
+        if one {
+            gemm_micro::<V, R, 1>(g, r0, t0, xp);
+        } else {
+            gemm_micro::<V, R, 2>(g, r0, t0, xp);
         }
-        t0 += tb;
+    });
+}
+
+/// The walk of every GEMM tile kernel (f32, 8-bit, bf16): blocks of `2·lanes` activation
+/// rows, `r_step` weight rows at a time, calling `micro(r0, t0, one)`; `one` says the block
+/// holds at most `lanes` rows, so a one-vector micro-kernel covers it.
+#[inline(always)]
+pub(super) fn for_each_micro(
+    n: usize,
+    rows: usize,
+    r_step: usize,
+    lanes: usize,
+    mut micro: impl FnMut(usize, usize, bool),
+) {
+    let mut t0 = 0;
+    while t0 < n {
+        let one = n - t0 <= lanes;
+        let mut r0 = 0;
+        while r0 < rows {
+            micro(r0, t0, one);
+            r0 += r_step;
+        }
+        t0 += 2 * lanes;
     }
+}
+
+/// Writes an AVX-512 micro-kernel's accumulators (`acc[r][v]` lane `l` = weight row `r`,
+/// activation row `16v + l`) with [`write_tile`]: the first `rows` × `tokens` of them to
+/// `out[t·stride + r]`.
+///
+/// # Safety
+/// AVX-512F available; `out` is valid for those writes.
+#[inline(always)]
+pub(super) unsafe fn write_acc512<const R: usize, const NV: usize>(
+    acc: &[[__m512; NV]; R],
+    rows: usize,
+    tokens: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut tmp = [[0.0f32; 32]; R];
+    for r in 0..R {
+        for v in 0..NV {
+            _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
+        }
+    }
+    write_tile(&tmp, rows, tokens, out, stride);
 }
 
 // ------------------------------------------------------------------ vector primitives
