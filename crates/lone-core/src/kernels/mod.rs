@@ -719,57 +719,22 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
         .collect();
     let k = ws.first().map_or(0, |w| w.row_len());
     let p = kerns.first().map_or(Path::Rows, |kern| path(kern, n, k));
+    // One pass serves them all when every matrix is well formed and takes the same path, and,
+    // on the matrix-vector path, its kernels take the f32 activations as they are (no
+    // per-format preparation).
     let shared = ws.len() > 1
-        && k > 0
-        && p != Path::Rows
-        && ws
-            .iter()
-            .zip(&kerns)
-            .zip(outs.iter())
-            .all(|((w, kern), o)| {
-                w.row_len() == k
-                    && path(kern, n, k) == p
-                    && x.len() == n * k
-                    && o.len() == n * w.n_rows()
-                    && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
-                    && w.n_rows() > 0
-            });
-    let valid = |w: &&Tensor, o: &&mut [f32]| {
-        w.row_len() == k
-            && x.len() == n * k
-            && o.len() == n * w.n_rows()
-            && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
-            && w.n_rows() > 0
-    };
-    // The matrix-vector kernels on f32 activations (exact mode, float weights) need no
-    // per-format preparation of the activations: one parallel region for all the matrices.
-    let rows_shared = ws.len() > 1
         && n > 0
         && k > 0
+        && ws.iter().zip(outs.iter()).all(|(w, o)| {
+            w.row_len() == k
+                && x.len() == n * k
+                && o.len() == n * w.n_rows()
+                && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
+                && w.n_rows() > 0
+        })
         && kerns
             .iter()
-            .all(|kern| kern.act == Act::F32 && path(kern, n, k) == Path::Rows)
-        && ws.iter().zip(outs.iter()).all(|(w, o)| valid(w, o));
-    if rows_shared {
-        let jobs: Vec<Job> = ws
-            .iter()
-            .zip(kerns)
-            .zip(outs.iter_mut())
-            .map(|((w, kern), o)| Job {
-                w,
-                kern,
-                out: SendPtr(o.as_mut_ptr()),
-            })
-            .collect();
-        let xp = SendPtr(x.as_ptr() as *mut u8);
-        for_each_chunk(&jobs, rows_chunk, &|job, range| {
-            let xp = &xp;
-            // SAFETY: checked by `valid`: whole weight rows, n·k f32 activations, n·m
-            // outputs per job; each chunk's columns belong to its task alone.
-            unsafe { rows_task(job, xp.0, 4 * k, n, range) }
-        });
-        return;
-    }
+            .all(|kern| path(kern, n, k) == p && (p != Path::Rows || kern.act == Act::F32));
     if !shared {
         for ((w, kern), o) in ws.iter().zip(kerns).zip(outs.iter_mut()) {
             matmul_kernel(kern, w, x, n, o);
@@ -786,7 +751,17 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
             out: SendPtr(o.as_mut_ptr()),
         })
         .collect();
-    run_gemm_path(p, &jobs, x, n);
+    if p != Path::Rows {
+        run_gemm_path(p, &jobs, x, n);
+        return;
+    }
+    let xp = SendPtr(x.as_ptr() as *mut u8);
+    for_each_chunk(&jobs, rows_chunk, &|job, range| {
+        let xp = &xp;
+        // SAFETY: checked above: whole weight rows, n·k f32 activations, n·m outputs per job;
+        // each chunk's columns belong to its task alone.
+        unsafe { rows_task(job, xp.0, 4 * k, n, range) }
+    });
 }
 
 fn dtype_index(d: DType) -> usize {
