@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 
 use super::x86::{for_each_micro, write_acc512, WQ5_1, WQ8_0, XQ5K, XQ6K};
-use super::x86::{k45_quants, k4_scales, KExactW, LegacyW, WQ4_0, WQ4_1, WQ5_0};
+use super::x86::{KExactW, LegacyW, WQ4_0, WQ4_1, WQ5_0, XQ4K};
 use crate::tensor::DType;
 
 /// Activation rows per packed block: two 16-lane vectors.
@@ -167,19 +167,6 @@ unsafe fn unpack_legacy<W: LegacyW>(
             *dw.add(g) = d;
             *cw.add(g) = off;
         }
-    }
-}
-
-/// Q4_K in the [`KExactW`] shape (quants 0..15, per-32 scale and min).
-pub(super) struct XQ4K;
-impl KExactW for XQ4K {
-    const BB: usize = 144;
-    const GROUP: usize = 32;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]) {
-        k4_scales(p, ds, ms);
-        k45_quants::<false>(p, q);
     }
 }
 

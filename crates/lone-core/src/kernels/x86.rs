@@ -403,6 +403,7 @@ pub(super) trait KExactW {
     const HAS_MIN: bool;
     unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]);
 }
+pub(super) struct XQ4K;
 pub(super) struct XQ5K;
 pub(super) struct XQ6K;
 
@@ -411,7 +412,7 @@ pub(super) struct XQ6K;
 /// scales, then 8 six-bit mins; the same values as `scale_min_k4`), then widened and scaled
 /// in SIMD: one f32 multiply each, as in the reference.
 #[inline(always)]
-pub(super) unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
@@ -442,7 +443,7 @@ pub(super) unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 
 /// Q4_K/Q5_K quants: 32-byte chunk `i` of `qs` holds sub-block 2i (low nibbles) and 2i+1
 /// (high nibbles); Q5_K's bit 4 of element l of sub-block s is bit s of `qh[l]`.
 #[inline(always)]
-pub(super) unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
+unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256]) {
     let qs_off = if FIVE { 48 } else { 16 };
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
@@ -468,6 +469,16 @@ pub(super) unsafe fn k45_quants<const FIVE: bool>(p: *const u8, q: &mut [i8; 256
     }
 }
 
+impl KExactW for XQ4K {
+    const BB: usize = 144;
+    const GROUP: usize = 32;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], ms: &mut [f32; 16]) {
+        k4_scales(p, ds, ms);
+        k45_quants::<false>(p, q);
+    }
+}
 impl KExactW for XQ5K {
     const BB: usize = 176;
     const GROUP: usize = 32;
