@@ -422,12 +422,11 @@ struct Active {
     vec: VecFns,
 }
 
-/// Vector primitives (attention): SIMD for the detected family. Safety contract: the pointers
-/// are valid for `n` f32 and the CPU supports the family.
+/// Vector primitives (softmax, SiLU, attention): SIMD for the detected family. Safety
+/// contract: the pointers are valid for what each function reads and writes (`exp`: `n` f32;
+/// `mix`: the extents [`mix_rows`] checks) and the CPU supports the family.
 #[derive(Clone, Copy)]
 struct VecFns {
-    dot: unsafe fn(*const f32, *const f32, usize) -> f32,
-    axpy: unsafe fn(*mut f32, f32, *const f32, usize),
     /// `x[i] = e^x[i]`, within a few ulp of `f32::exp`.
     exp: unsafe fn(*mut f32, usize),
     /// See [`mix_rows`].
@@ -440,21 +439,15 @@ fn vec_fns(isa: Isa) -> VecFns {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => VecFns {
-            dot: x86::avx512::dot,
-            axpy: x86::avx512::axpy,
             exp: x86::exp_avx512,
             mix: x86::avx512::mix,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
-            dot: x86::avx2::dot,
-            axpy: x86::avx2::axpy,
             exp: exp_scalar,
             mix: x86::avx2::mix,
         },
         _ => VecFns {
-            dot: dot_scalar,
-            axpy: axpy_scalar,
             exp: exp_scalar,
             mix: mix_scalar,
         },
@@ -593,57 +586,6 @@ unsafe fn exp_scalar(x: *mut f32, n: usize) {
     // SAFETY: the VecFns contract.
     let x = unsafe { std::slice::from_raw_parts_mut(x, n) };
     x.iter_mut().for_each(|v| *v = v.exp());
-}
-
-/// Scalar reference of [`dot`]: 8 interleaved partial sums (so the compiler can vectorise).
-unsafe fn dot_scalar(a: *const f32, b: *const f32, n: usize) -> f32 {
-    // SAFETY: the VecFns contract.
-    let (a, b) = unsafe {
-        (
-            std::slice::from_raw_parts(a, n),
-            std::slice::from_raw_parts(b, n),
-        )
-    };
-    let mut acc = [0.0f32; 8];
-    let (ac, at) = a.as_chunks::<8>();
-    let (bc, bt) = b.as_chunks::<8>();
-    for (x, y) in ac.iter().zip(bc) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in at.iter().zip(bt) {
-        s += x * y;
-    }
-    s
-}
-
-unsafe fn axpy_scalar(y: *mut f32, a: f32, x: *const f32, n: usize) {
-    // SAFETY: the VecFns contract (y and x do not overlap: one is &mut).
-    let (y, x) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(y, n),
-            std::slice::from_raw_parts(x, n),
-        )
-    };
-    for (v, &w) in y.iter_mut().zip(x) {
-        *v += a * w;
-    }
-}
-
-/// `Σ a[i]·b[i]` (SIMD; summation order unspecified). Panics if the lengths differ.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "dot: lengths");
-    // SAFETY: both slices hold a.len() f32; the table's functions run on this CPU.
-    unsafe { (active().vec.dot)(a.as_ptr(), b.as_ptr(), a.len()) }
-}
-
-/// `y[i] += a·x[i]` (SIMD). Panics if the lengths differ.
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    assert_eq!(y.len(), x.len(), "axpy: lengths");
-    // SAFETY: as in `dot`; `y` is exclusively borrowed, so it does not overlap `x`.
-    unsafe { (active().vec.axpy)(y.as_mut_ptr(), a, x.as_ptr(), y.len()) }
 }
 
 fn active() -> &'static Active {

@@ -202,48 +202,6 @@ fn exact_scope_overrides_this_thread_only() {
 }
 
 #[test]
-fn vector_primitives_match_the_reference_on_odd_sizes() {
-    let mut rng = Rng(7);
-    for isa in Isa::available() {
-        let f = vec_fns(isa);
-        for n in [0usize, 1, 7, 15, 16, 17, 63, 64, 65, 129, 200] {
-            let a: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-            let b: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            let mag: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| (x as f64 * y as f64).abs())
-                .sum();
-            // SAFETY: both vectors hold n f32; `isa` is available.
-            let got = unsafe { (f.dot)(a.as_ptr(), b.as_ptr(), n) } as f64;
-            let tol = (n as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30;
-            assert!(
-                (got - exact).abs() <= tol,
-                "{isa:?} dot n={n}: {got} vs {exact}"
-            );
-            let mut y: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-            let want: Vec<f32> = y
-                .iter()
-                .zip(&b)
-                .map(|(&v, &x)| 0.75f32.mul_add(x, v))
-                .collect();
-            let want_unfused: Vec<f32> = y.iter().zip(&b).map(|(&v, &x)| v + 0.75 * x).collect();
-            // SAFETY: as above.
-            unsafe { (f.axpy)(y.as_mut_ptr(), 0.75, b.as_ptr(), n) };
-            for i in 0..n {
-                assert!(
-                    y[i] == want[i] || y[i] == want_unfused[i],
-                    "{isa:?} axpy n={n} element {i}: {} vs {}",
-                    y[i],
-                    want[i]
-                );
-            }
-        }
-    }
-}
-
-#[test]
 fn simd_exp_is_within_a_few_ulp() {
     for isa in Isa::available() {
         let f = vec_fns(isa);

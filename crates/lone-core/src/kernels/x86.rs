@@ -1518,30 +1518,6 @@ pub(super) unsafe fn write_acc512<const R: usize, const NV: usize>(
 
 // ------------------------------------------------------------------ vector primitives
 
-/// `Σ a[i]·b[i]` over `n` f32: four accumulator chains, a scalar tail.
-#[inline(always)]
-unsafe fn dot_v<V: F32V>(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let l = V::LANES;
-    let mut acc = [V::zero(); 4];
-    let mut i = 0;
-    while i + 4 * l <= n {
-        for u in 0..4 {
-            acc[u] = V::fma(V::load(a.add(i + u * l)), V::load(b.add(i + u * l)), acc[u]);
-        }
-        i += 4 * l;
-    }
-    while i + l <= n {
-        acc[0] = V::fma(V::load(a.add(i)), V::load(b.add(i)), acc[0]);
-        i += l;
-    }
-    let mut s = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3])).hsum();
-    while i < n {
-        s += *a.add(i) * *b.add(i);
-        i += 1;
-    }
-    s
-}
-
 /// e^x for 16 lanes: x = n·ln2 + r (|r| ≤ ln2/2, two-part ln2), e^r by its degree-7 Taylor
 /// polynomial (truncation error < 1e-8 relative), times 2^n by `vscalefps`. Inputs are clamped
 /// to [-87.3, 88.7] (e^-87.3 ≈ 1.2e-38: what underflows becomes that, not 0).
@@ -1585,22 +1561,6 @@ pub(crate) unsafe fn exp_avx512(x: *mut f32, n: usize) {
         let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
         let v = _mm512_maskz_loadu_ps(m, x.add(i));
         _mm512_mask_storeu_ps(x.add(i), m, exp16(v));
-    }
-}
-
-/// `y[i] += a·x[i]` over `n` f32.
-#[inline(always)]
-unsafe fn axpy_v<V: F32V>(y: *mut f32, a: f32, x: *const f32, n: usize) {
-    let l = V::LANES;
-    let av = V::splat(a);
-    let mut i = 0;
-    while i + l <= n {
-        V::fma(av, V::load(x.add(i)), V::load(y.add(i))).store(y.add(i));
-        i += l;
-    }
-    while i < n {
-        *y.add(i) += a * *x.add(i);
-        i += 1;
     }
 }
 
@@ -1846,14 +1806,6 @@ macro_rules! level {
      $gr:literal, $deqleg:ident) => {
         pub(crate) mod $m {
             use super::*;
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-                dot_v::<$V>(a, b, n)
-            }
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
-                axpy_v::<$V>(y, a, x, n)
-            }
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             pub(crate) unsafe fn mix(
