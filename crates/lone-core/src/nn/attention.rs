@@ -127,19 +127,9 @@ impl Attention {
             );
         }
         let mut ctx = vec![0.0; n * qd];
-        if let Some(pos0) = self.one_sequence_prefill(rows, caches, layer) {
-            for (i, r) in rows.iter().enumerate() {
-                write_kv(
-                    &mut caches[r.seq].layers[layer],
-                    r.pos,
-                    &k[i * kvd..(i + 1) * kvd],
-                    &v[i * kvd..(i + 1) * kvd],
-                );
-            }
-            self.attend_gemm(&q, &caches[rows[0].seq].layers[layer], pos0, n, &mut ctx);
-            self.apply_gate(gates.as_deref(), &mut ctx);
-            return ctx;
-        }
+        // A long prefill of one sequence with a full-attention cache attends as matrix
+        // products, all rows at once (`chunk` is then n).
+        let gemm_from = self.one_sequence_prefill(rows, caches, layer);
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
         let chunk = match &caches.first().map(|c| &c.layers[layer]) {
@@ -157,6 +147,10 @@ impl Attention {
                     &k[i * kvd..(i + 1) * kvd],
                     &v[i * kvd..(i + 1) * kvd],
                 );
+            }
+            if let Some(pos0) = gemm_from {
+                self.attend_gemm(&q, &caches[rows[0].seq].layers[layer], pos0, n, &mut ctx);
+                break;
             }
             let caches_ro: &[SeqCache] = caches;
             // One task per (row, KV head): a single decode row still uses every thread.
