@@ -237,6 +237,9 @@ struct Gemm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Act {
     F32,
+    /// f32 rows of `k`, each followed by `k/32` f32 block sums (the sum of each 32
+    /// consecutive activations): the factored exact kernels read `Σ x` per block from them.
+    F32Sums,
     /// 8-bit blocks of this format.
     Quant(DType),
     /// f32 values of the 8-bit blocks (quantized, then dequantized): the scalar fast path.
@@ -396,6 +399,23 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             igemm: false,
             bgemm: false,
         });
+    }
+    // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
+    // table-lookup kernels are faster there.
+    if isa == Isa::Avx2 {
+        let fac =
+            |f: MatFn, act: Act, deq: Option<DeqFn>| f32k(f, deq).map(|k| Kernel { act, ..k });
+        match dtype {
+            DType::Q4_0 => return fac(x86::fac::q4_0, Act::F32Sums, deq!(deq_q4_0)),
+            DType::Q4_1 => return fac(x86::fac::q4_1, Act::F32Sums, deq!(deq_q4_1)),
+            DType::Q5_0 => return fac(x86::fac::q5_0, Act::F32, deq!(deq_q5_0)),
+            DType::Q5_1 => return fac(x86::fac::q5_1, Act::F32Sums, deq!(deq_q5_1)),
+            DType::Q8_0 => return fac(x86::fac::q8_0, Act::F32, deq!(deq_q8_0)),
+            DType::Q4K => return fac(x86::fac::q4_k, Act::F32Sums, deq!(deq_q4_k)),
+            DType::Q5K => return fac(x86::fac::q5_k, Act::F32Sums, deq!(deq_q5_k)),
+            DType::Q6K => return fac(x86::fac::q6_k, Act::F32, deq!(deq_q6_k)),
+            _ => {}
+        }
     }
     match dtype {
         DType::F32 => f32k(pick!(f32), None),
@@ -626,6 +646,7 @@ unsafe impl<T> Sync for SendPtr<T> {}
 thread_local! {
     static QBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static DBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `out[t, r] = sum_k w[r, k] * x[t, k]` for `n` activation rows `x` of length `K = w.row_len()`;
@@ -674,9 +695,10 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
                 && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
                 && w.n_rows() > 0
         })
-        && kerns
-            .iter()
-            .all(|kern| path(kern, n, k) == p && (p != Path::Rows || kern.act == Act::F32));
+        && kerns.iter().all(|kern| {
+            path(kern, n, k) == p
+                && (p != Path::Rows || matches!(kern.act, Act::F32 | Act::F32Sums))
+        });
     if !shared {
         for ((w, kern), o) in ws.iter().zip(kerns).zip(outs.iter_mut()) {
             matmul_kernel(kern, w, x, n, o);
@@ -697,13 +719,23 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
         run_gemm_path(p, &jobs, x, n);
         return;
     }
-    let xp = SendPtr(x.as_ptr() as *mut u8);
+    // f32 kernels read the first k of each row, whatever the stride: one F32Sums copy serves
+    // every job when any of them needs the block sums.
+    let mut sbuf = SBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let (xp, xs) = if jobs.iter().any(|j| j.kern.act == Act::F32Sums) {
+        with_block_sums(x, n, k, &mut sbuf);
+        (SendPtr(sbuf.as_ptr() as *mut u8), 4 * (k + k / 32))
+    } else {
+        (SendPtr(x.as_ptr() as *mut u8), 4 * k)
+    };
     for_each_chunk(&jobs, rows_chunk, &|job, range| {
         let xp = &xp;
-        // SAFETY: checked above: whole weight rows, n·k f32 activations, n·m outputs per job;
-        // each chunk's columns belong to its task alone.
-        unsafe { rows_task(job, xp.0, 4 * k, n, range) }
+        // SAFETY: checked above: whole weight rows, n activation rows of xs bytes (k f32,
+        // then block sums where the kernels take them), n·m outputs per job; each chunk's
+        // columns belong to its task alone.
+        unsafe { rows_task(job, xp.0, xs, n, range) }
     });
+    SBUF.with(|b| *b.borrow_mut() = sbuf);
 }
 
 fn dtype_index(d: DType) -> usize {
@@ -743,8 +775,13 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
     }
     let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut sbuf = SBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let (xp, xs): (*const u8, usize) = match kern.act {
         Act::F32 => (x.as_ptr() as *const u8, 4 * k),
+        Act::F32Sums => {
+            with_block_sums(x, n, k, &mut sbuf);
+            (sbuf.as_ptr() as *const u8, 4 * (k + k / 32))
+        }
         Act::Quant(ad) | Act::QuantDeq(ad) => {
             let qb = ad
                 .bytes_for(k)
@@ -780,6 +817,20 @@ fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32])
     });
     QBUF.with(|b| *b.borrow_mut() = qbuf);
     DBUF.with(|b| *b.borrow_mut() = dbuf);
+    SBUF.with(|b| *b.borrow_mut() = sbuf);
+}
+
+/// [`Act::F32Sums`] rows of the `n` activation rows `x` (`k` each) into `buf`.
+fn with_block_sums(x: &[f32], n: usize, k: usize, buf: &mut Vec<f32>) {
+    let nb = k / 32;
+    let rs = k + nb;
+    grow(buf, n * rs);
+    for (xr, o) in x.chunks_exact(k).zip(buf.chunks_exact_mut(rs)).take(n) {
+        o[..k].copy_from_slice(xr);
+        for (b, s) in o[k..].iter_mut().enumerate() {
+            *s = xr[32 * b..32 * b + 32].iter().sum();
+        }
+    }
 }
 
 /// Rows per task of the matrix-vector path: about 4 tasks per thread, whole tiles.
