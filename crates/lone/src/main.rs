@@ -12,11 +12,17 @@ use clap::{Parser, Subcommand};
     about = "Run small language models (LFM2, LFM3, Qwen2/3, Llama) locally"
 )]
 struct Cli {
-    /// Fast mode: 8-bit (bf16 for BF16 weights) activations in quantized matrix products, as
-    /// llama.cpp does — faster prefill, logits no longer exactly transformers' on the
-    /// dequantized weights. Same as `LONE_EXACT=0`. Default: exact.
-    #[arg(long, global = true)]
+    /// Fast mode: 8-bit (bf16 for BF16 weights) activations in every quantized matrix
+    /// product, as llama.cpp does — faster, logits no longer exactly transformers' on the
+    /// dequantized weights. Same as `LONE_EXACT=0`. Default: auto (exact, except 8-bit decode
+    /// on CPUs without AVX-512)
+    #[arg(long, global = true, conflicts_with = "exact")]
     fast: bool,
+    /// Exact mode: f32 activations everywhere, logits equal to transformers' on the dequantized
+    /// weights. Same as `LONE_EXACT=1`. Default: auto (exact on AVX-512 CPUs; on AVX2-only
+    /// CPUs exact prefill with 8-bit decode)
+    #[arg(long, global = true)]
+    exact: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,6 +43,9 @@ fn main() {
     let cli = Cli::parse();
     if cli.fast {
         lone_core::kernels::set_exact(false);
+    }
+    if cli.exact {
+        lone_core::kernels::set_exact(true);
     }
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),

@@ -60,51 +60,106 @@ pub fn threads() -> usize {
 
 // ------------------------------------------------------------------ numeric mode
 
-/// 0: not yet read from `LONE_EXACT`; 1: fast; 2: exact.
-static EXACT: AtomicU8 = AtomicU8::new(0);
-thread_local! {
-    static EXACT_HERE: Cell<Option<bool>> = const { Cell::new(None) };
+/// The numeric mode of quantized matrix products (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// 8-bit (bf16) activations everywhere, as llama.cpp.
+    Fast = 0,
+    /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
+    Exact = 1,
+    /// The default: [`Mode::Exact`], except that on CPUs without AVX-512 ([`Isa::Avx2`]) the
+    /// matrix-vector products of quantized weights (decode: fewer than 16 activation rows)
+    /// take 8-bit activations. There the exact f32 kernels cost ~2x llama.cpp's integer ones
+    /// per weight while prompt processing (the f32 GEMM) stays exact, so the first token of
+    /// every answer is the exact one. `Mode::resolved` says what it means on this CPU.
+    Auto = 2,
 }
 
-/// Set the process-wide numeric mode: `true` (the default) = exact (f32 activations
-/// everywhere), `false` = fast (8-bit activations for quantized weights). See the module docs.
-///
-/// The initial value comes from the environment: `LONE_EXACT=0` starts in fast mode.
-pub fn set_exact(on: bool) {
-    EXACT.store(if on { 2 } else { 1 }, Ordering::SeqCst);
-}
-
-fn global_exact() -> bool {
-    match EXACT.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("LONE_EXACT").map_or(true, |v| v.trim() != "0");
-            let _ = EXACT.compare_exchange(
-                0,
-                if on { 2 } else { 1 },
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            );
-            EXACT.load(Ordering::SeqCst) == 2
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fast => "fast",
+            Mode::Exact => "exact",
+            Mode::Auto => "auto",
         }
-        v => v == 2,
+    }
+
+    /// The mode's name with the detected kernel family: `auto` is `exact` except on AVX2
+    /// (where it is exact prefill with 8-bit decode).
+    pub fn resolved(self) -> &'static str {
+        match (self, isa()) {
+            (Mode::Auto, Isa::Avx2) => "auto",
+            (Mode::Auto, _) => "exact",
+            (m, _) => m.name(),
+        }
+    }
+}
+
+/// 0: not yet read from `LONE_EXACT`; else 1 + the [`Mode`].
+static MODE: AtomicU8 = AtomicU8::new(0);
+thread_local! {
+    static MODE_HERE: Cell<Option<Mode>> = const { Cell::new(None) };
+}
+
+fn mode_from(v: u8) -> Mode {
+    match v {
+        1 => Mode::Fast,
+        2 => Mode::Exact,
+        _ => Mode::Auto,
+    }
+}
+
+/// Set the process-wide numeric mode: `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
+pub fn set_exact(on: bool) {
+    set_mode(if on { Mode::Exact } else { Mode::Fast });
+}
+
+/// Set the process-wide numeric mode. The initial value comes from the environment:
+/// `LONE_EXACT=0` starts in fast mode, `LONE_EXACT=1` in exact mode, else [`Mode::Auto`].
+pub fn set_mode(m: Mode) {
+    MODE.store(1 + m as u8, Ordering::SeqCst);
+}
+
+fn global_mode() -> Mode {
+    match MODE.load(Ordering::Relaxed) {
+        0 => {
+            let m = match std::env::var("LONE_EXACT").as_deref().map(str::trim) {
+                Ok("0") => Mode::Fast,
+                Ok("1") => Mode::Exact,
+                _ => Mode::Auto,
+            };
+            let _ = MODE.compare_exchange(0, 1 + m as u8, Ordering::SeqCst, Ordering::SeqCst);
+            mode_from(MODE.load(Ordering::SeqCst))
+        }
+        v => mode_from(v),
     }
 }
 
 /// The mode matmuls issued from this thread use.
-pub fn exact() -> bool {
-    EXACT_HERE.with(|c| c.get()).unwrap_or_else(global_exact)
+pub fn mode() -> Mode {
+    MODE_HERE.with(|c| c.get()).unwrap_or_else(global_mode)
 }
 
-/// Override the mode for matmuls issued from the current thread until the guard drops.
+/// Whether matmuls issued from this thread are exact on every path (f32 activations).
+pub fn exact() -> bool {
+    match mode() {
+        Mode::Exact => true,
+        Mode::Fast => false,
+        Mode::Auto => isa() != Isa::Avx2,
+    }
+}
+
+/// Override the mode for matmuls issued from the current thread until the guard drops:
+/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
 pub fn exact_scope(on: bool) -> ExactScope {
-    ExactScope(EXACT_HERE.with(|c| c.replace(Some(on))))
+    ExactScope(MODE_HERE.with(|c| c.replace(Some(if on { Mode::Exact } else { Mode::Fast }))))
 }
 
 /// See [`exact_scope`].
-pub struct ExactScope(Option<bool>);
+pub struct ExactScope(Option<Mode>);
 impl Drop for ExactScope {
     fn drop(&mut self) {
-        EXACT_HERE.with(|c| c.set(self.0));
+        MODE_HERE.with(|c| c.set(self.0));
     }
 }
 
@@ -438,7 +493,8 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
 /// The detected family's kernels, [fast, exact] per format, built once.
 struct Active {
     isa: Isa,
-    table: Vec<[Kernel; 2]>,
+    /// Per format, indexed by [`Mode`] (fast, exact, auto).
+    table: Vec<[Kernel; 3]>,
     vec: VecFns,
 }
 
@@ -608,6 +664,21 @@ unsafe fn exp_scalar(x: *mut f32, n: usize) {
     x.iter_mut().for_each(|v| *v = v.exp());
 }
 
+/// [`Mode::Auto`]'s kernel: on AVX2, the 8-bit matrix-vector kernel of a quantized format
+/// with the exact f32 GEMM for many rows; elsewhere the exact kernel.
+fn auto_kernel(isa: Isa, fast: Kernel, exact: Kernel) -> Kernel {
+    if isa == Isa::Avx2 && matches!(fast.act, Act::Quant(_)) {
+        Kernel {
+            gemm: exact.gemm,
+            igemm: false,
+            bgemm: false,
+            ..fast
+        }
+    } else {
+        exact
+    }
+}
+
 fn active() -> &'static Active {
     static ACTIVE: OnceLock<Active> = OnceLock::new();
     ACTIVE.get_or_init(|| {
@@ -619,7 +690,10 @@ fn active() -> &'static Active {
             .unwrap_or(best);
         let table = DType::ALL
             .iter()
-            .map(|&d| [kernel(isa, d, false), kernel(isa, d, true)])
+            .map(|&d| {
+                let (fast, exact) = (kernel(isa, d, false), kernel(isa, d, true));
+                [fast, exact, auto_kernel(isa, fast, exact)]
+            })
             .collect();
         Active {
             isa,
@@ -654,7 +728,7 @@ thread_local! {
 /// 4 activation rows. Uses the detected [`Isa`] and this thread's [`exact`] mode.
 pub fn matmul(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
     let a = active();
-    let kern = a.table[dtype_index(w.dtype)][usize::from(exact())];
+    let kern = a.table[dtype_index(w.dtype)][mode() as usize];
     matmul_kernel(kern, w, x, n, out);
 }
 
@@ -675,7 +749,7 @@ pub fn matmul_with(isa: Isa, exact: bool, w: &Tensor, x: &[f32], n: usize, out: 
 pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), outs.len(), "matmul_many: one output per matrix");
     let a = active();
-    let ex = usize::from(exact());
+    let ex = mode() as usize;
     let kerns: Vec<Kernel> = ws
         .iter()
         .map(|w| a.table[dtype_index(w.dtype)][ex])

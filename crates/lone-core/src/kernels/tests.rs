@@ -359,3 +359,37 @@ fn dot_rows_and_mix_rows_match_the_reference() {
         }
     }
 }
+
+/// `Mode::Auto`: on AVX2, quantized formats with 8-bit kernels take them for few activation
+/// rows (decode) and the exact f32 GEMM for many (prefill); everything else is exact.
+#[test]
+fn auto_mode_is_8bit_decode_and_exact_prefill_on_avx2() {
+    let mut rng = Rng(0x51f1_5eed);
+    for isa in Isa::available() {
+        for dtype in FORMATS {
+            let (fast, exact) = (kernel(isa, dtype, false), kernel(isa, dtype, true));
+            let auto = auto_kernel(isa, fast, exact);
+            let k = 2 * dtype.block_size().max(64);
+            let m = 19;
+            let w = Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
+            let eight_bit = isa == Isa::Avx2 && act_format(dtype).is_some();
+            for n in [1, 3, GEMM_MIN_ROWS + 4] {
+                let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+                let run = |kern: Kernel| {
+                    let mut out = vec![f32::NAN; n * m];
+                    matmul_kernel(kern, &w, &x, n, &mut out);
+                    out
+                };
+                let want = if eight_bit && n < GEMM_MIN_ROWS {
+                    run(fast)
+                } else {
+                    run(exact)
+                };
+                assert_eq!(run(auto), want, "{isa:?} {dtype} n={n}");
+                if eight_bit && n < GEMM_MIN_ROWS {
+                    assert_ne!(run(exact), want, "{isa:?} {dtype}: 8-bit and exact differ");
+                }
+            }
+        }
+    }
+}

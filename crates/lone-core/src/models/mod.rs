@@ -212,6 +212,10 @@ impl Model {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
         }
         self.final_norm.forward(&mut xs);
+        // Mode::Auto takes 8-bit activations only inside the layers: the output head, which
+        // picks the token, stays exact.
+        let _head_mode = (crate::kernels::mode() == crate::kernels::Mode::Auto)
+            .then(|| crate::kernels::exact_scope(true));
         out.logits = self.lm_head.forward(&xs, sel.len());
         Ok(out)
     }

@@ -104,7 +104,7 @@ impl Info {
             "weight_bytes_per_token": self.bytes_per_token,
             "backend": "CPU",
             "isa": lone_core::kernels::isa().name(),
-            "mode": if lone_core::kernels::exact() { "exact" } else { "fast" },
+            "mode": lone_core::kernels::mode().resolved(),
             "cpu": self.cpu,
             "threads": self.threads,
         })
@@ -146,11 +146,7 @@ impl Out {
             fmt_bytes(info.size_bytes),
             fmt_params(info.params),
             lone_core::kernels::isa().name(),
-            if lone_core::kernels::exact() {
-                "exact"
-            } else {
-                "fast"
-            },
+            lone_core::kernels::mode().resolved(),
             info.threads,
             test,
             rates.mean,
