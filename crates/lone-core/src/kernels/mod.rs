@@ -316,8 +316,9 @@ struct Kernel {
 /// The 8-bit activation format llama.cpp pairs with a weight format.
 fn act_format(dtype: DType) -> Option<DType> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
-        DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
+        DType::Q8_0 => Some(DType::Q8_0),
+        // Q4_0/Q5_0 as unsigned quants with a min (the zero point), like Q4_1/Q5_1.
+        DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
         DType::Q4K | DType::Q5K | DType::Q6K => Some(DType::Q8K),
         _ => None,
     }

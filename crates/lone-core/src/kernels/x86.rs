@@ -186,11 +186,6 @@ unsafe fn f32_at(p: *const u8) -> f32 {
     f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
 }
 
-#[inline(always)]
-unsafe fn i16_at(p: *const u8) -> i32 {
-    i32::from(i16::from_le_bytes([*p, *p.add(1)]))
-}
-
 // ------------------------------------------------------------------ float weights
 
 /// How a plain float weight format loads `V::LANES` elements.
@@ -413,30 +408,14 @@ pub(super) struct XQ6K;
 /// in SIMD: one f32 multiply each, as in the reference.
 #[inline(always)]
 unsafe fn k4_scales(p: *const u8, ds: &mut [f32; 16], ms: &mut [f32; 16]) {
-    const K1: u32 = 0x3f3f_3f3f;
-    const K2: u32 = 0x0f0f_0f0f;
-    const K3: u32 = 0x0303_0303;
     let d = f16_at(p);
     let dmin = f16_at(p.add(2));
-    let q = p.add(4);
-    let u0 = (q as *const u32).read_unaligned();
-    let u1 = (q.add(4) as *const u32).read_unaligned();
-    let u2 = (q.add(8) as *const u32).read_unaligned();
-    let sc_lo = u0 & K1;
-    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
-    let m_lo = u1 & K1;
-    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
-    let widen = |lo: u32, hi: u32| {
-        let v = (u64::from(hi) << 32) | u64::from(lo);
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
-    };
-    _mm256_storeu_ps(
-        ds.as_mut_ptr(),
-        _mm256_mul_ps(_mm256_set1_ps(d), widen(sc_lo, sc_hi)),
-    );
+    let (sc, m) = k4_scale_bytes(p.add(4));
+    let widen = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+    _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(d), widen(sc)));
     _mm256_storeu_ps(
         ms.as_mut_ptr(),
-        _mm256_mul_ps(_mm256_set1_ps(dmin), widen(m_lo, m_hi)),
+        _mm256_mul_ps(_mm256_set1_ps(dmin), widen(m)),
     );
 }
 
@@ -495,11 +474,13 @@ impl KExactW for XQ6K {
     const HAS_MIN: bool = false;
     #[inline(always)]
     unsafe fn decode(p: *const u8, q: &mut [i8; 256], ds: &mut [f32; 16], _ms: &mut [f32; 16]) {
-        let d = f16_at(p.add(208));
-        for g in 0..16 {
-            // The reference: d * sc * q, left to right, so (d·sc) first.
-            ds[g] = d * f32::from(*p.add(192 + g) as i8);
-        }
+        // The reference: d * sc * q, left to right, so (d·sc) first.
+        let d = _mm256_set1_ps(f16_at(p.add(208)));
+        let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+        let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)));
+        _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(d, lo));
+        _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
         let m4 = _mm256_set1_epi8(0x0f);
         let m3 = _mm256_set1_epi8(3);
         let off = _mm256_set1_epi8(32);
@@ -1160,6 +1141,30 @@ impl LegacyW for WQ5_1 {
         (q, f16_at(p), f16_at(p.add(2)))
     }
 }
+/// Q4_0 / Q5_0 for the 8-bit kernels: the unsigned quants with the zero point as a min
+/// (`d·(q - 8) = d·q + (-8d)`), against Q8_1 activations and their block sums, which saves
+/// the sign juggling `vpmaddubsw` needs for signed × signed.
+pub(super) struct WQ4_0U;
+pub(super) struct WQ5_0U;
+impl LegacyW for WQ4_0U {
+    const BB: usize = 18;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        (nibbles32(p.add(2)), d, -8.0 * d)
+    }
+}
+impl LegacyW for WQ5_0U {
+    const BB: usize = 22;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        let q = _mm256_or_si256(nibbles32(p.add(6)), high_bits32(p.add(2)));
+        (q, d, -16.0 * d)
+    }
+}
 impl LegacyW for WQ8_0 {
     const BB: usize = 34;
     const SIGNED: bool = true;
@@ -1173,37 +1178,60 @@ impl LegacyW for WQ8_0 {
     }
 }
 
+/// One 32-element block `b` of the weight row at `w` against the 8-bit activation rows `xs`
+/// (`nb` blocks each; Q8_1 rows are followed by their f32 block sums).
+#[inline(always)]
+unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usize>(
+    w: *const u8,
+    b: usize,
+    nb: usize,
+    xs: &[*const u8; NX],
+    acc: &mut [__m256; NX],
+    accm: &mut [f32; NX],
+) {
+    // Q8_0: d, qs at 2 (34 bytes); Q8_1: d, s, qs at 4 (36 bytes).
+    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
+    let (q, dw, mw) = W::decode(w.add(b * W::BB));
+    let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+    for t in 0..NX {
+        let xb = xs[t].add(b * xbb);
+        let xv = _mm256_loadu_si256(xb.add(xq) as *const __m256i);
+        let s = if W::SIGNED {
+            D::dot(aq, _mm256_sign_epi8(xv, q))
+        } else {
+            D::dot(aq, xv)
+        };
+        let d = _mm256_set1_ps(dw * f16_at(xb));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
+        if !W::SIGNED {
+            // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
+            accm[t] += mw * (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
-    // Q8_0: d, qs at 2 (34 bytes); Q8_1: d, s, qs at 4 (36 bytes).
-    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
-        let mut acc = [_mm256_setzero_ps(); NX];
-        let mut accm = [0.0f32; NX];
-        for b in 0..nb {
-            let (q, dw, mw) = W::decode(w.add(b * W::BB));
-            let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
-            for t in 0..NX {
-                let xb = xs[t].add(b * xbb);
-                let xv = _mm256_loadu_si256(xb.add(xq) as *const __m256i);
-                let s = if W::SIGNED {
-                    D::dot(aq, _mm256_sign_epi8(xv, q))
-                } else {
-                    D::dot(aq, xv)
-                };
-                let d = _mm256_set1_ps(dw * f16_at(xb));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
-                if !W::SIGNED {
-                    // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
-                    accm[t] += mw * (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
-                }
-            }
+        // Two chains of each (even and odd blocks): one FMA chain alone is latency-bound.
+        let (mut a0, mut a1) = ([_mm256_setzero_ps(); NX], [_mm256_setzero_ps(); NX]);
+        let (mut m0, mut m1) = ([0.0f32; NX], [0.0f32; NX]);
+        let mut b = 0;
+        while b + 2 <= nb {
+            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            legacy_block::<D, W, NX>(w, b, nb, &xs, &mut a0, &mut m0);
+            legacy_block::<D, W, NX>(w, b + 1, nb, &xs, &mut a1, &mut m1);
+            b += 2;
+        }
+        if b < nb {
+            legacy_block::<D, W, NX>(w, b, nb, &xs, &mut a0, &mut m0);
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]) + accm[t];
+            *a.out.add(t * a.out_stride + r) =
+                hsum256(_mm256_add_ps(a0[t], a1[t])) + (m0[t] + m1[t]);
         }
     }
 }
@@ -1500,16 +1528,21 @@ unsafe fn fac_q6k_rows_n<const NX: usize>(a: &MatArgs) {
                 _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
             }
             XQ6K::decode(wb, &mut qb, &mut ds, &mut ms);
-            for g in 0..16 {
-                let q: [__m256; 2] = core::array::from_fn(|v| {
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        qb.as_ptr().add(16 * g + 8 * v) as *const __m128i,
-                    )))
-                });
-                let dv = _mm256_set1_ps(ds[g]);
-                for t in 0..NX {
-                    let x = xs[t].add(b * 256 + 16 * g);
-                    acc[t][g & 1] = _mm256_fmadd_ps(qdot(&q, x), dv, acc[t][g & 1]);
+            // Pairs of groups, one accumulator each (a constant index: registers, not a
+            // stack slot the loop would store to and reload).
+            for gp in 0..8 {
+                for h in 0..2 {
+                    let g = 2 * gp + h;
+                    let q: [__m256; 2] = core::array::from_fn(|v| {
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                            qb.as_ptr().add(16 * g + 8 * v) as *const __m128i,
+                        )))
+                    });
+                    let dv = _mm256_set1_ps(ds[g]);
+                    for t in 0..NX {
+                        let x = xs[t].add(b * 256 + 16 * g);
+                        acc[t][h] = _mm256_fmadd_ps(qdot(&q, x), dv, acc[t][h]);
+                    }
                 }
             }
         }
@@ -1530,22 +1563,46 @@ unsafe fn fac_q6k(a: &MatArgs) {
 }
 
 // ------------------------------------------------------------------ K-quants × Q8_K
+
+/// A byte shuffle of 8 i16 (repeated in both 128-bit lanes) that broadcasts word `j`.
+#[inline(always)]
+unsafe fn word_shuffle(j: usize) -> __m256i {
+    _mm256_set1_epi16((0x0100 + 0x0202 * j as i32) as i16)
+}
+
+/// Q4_K/Q5_K's 8 six-bit scales and 8 six-bit mins (the 12 packed bytes at `p`, unpacked as
+/// ggml does), one per byte.
+#[inline(always)]
+unsafe fn k4_scale_bytes(p: *const u8) -> (u64, u64) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let u0 = (p as *const u32).read_unaligned();
+    let u1 = (p.add(4) as *const u32).read_unaligned();
+    let u2 = (p.add(8) as *const u32).read_unaligned();
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    (
+        (u64::from(sc_hi) << 32) | u64::from(sc_lo),
+        (u64::from(m_hi) << 32) | u64::from(m_lo),
+    )
+}
+
+/// A byte shuffle of 8 i16 (repeated in both 128-bit lanes) that broadcasts word `2j` over
+/// the low lane and word `2j + 1` over the high lane.
+#[inline(always)]
+unsafe fn pair_shuffle(j: usize) -> __m256i {
+    let lo = 0x0100 + 0x0202 * (2 * j as i16);
+    let hi = 0x0100 + 0x0202 * (2 * j as i16 + 1);
+    _mm256_setr_epi16(
+        lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+    )
+}
+
 //
 // Q8_K block (292 bytes): d:f32 @0, qs:[i8;256] @4, bsums:[i16;16] @260 (sums of 16 quants).
-
-/// Q4_K/Q5_K: 8 six-bit scales and mins from the 12 packed bytes at `p`.
-#[inline(always)]
-unsafe fn scales_mins_k4(p: *const u8) -> ([i16; 8], [i16; 8]) {
-    let q = &*(p as *const [u8; 12]);
-    let mut sc = [0i16; 8];
-    let mut mn = [0i16; 8];
-    for j in 0..8 {
-        let (s, m) = rb::scale_min_k4(j, q);
-        sc[j] = i16::from(s);
-        mn[j] = i16::from(m);
-    }
-    (sc, mn)
-}
 
 /// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
 /// qh[32], qs[128]).
@@ -1560,12 +1617,18 @@ unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
         let mut acc = [_mm256_setzero_ps(); NX];
-        let mut accm = [0.0f32; NX];
+        let mut accm = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let wb = w.add(b * bb);
             let d = f16_at(wb);
             let dmin = f16_at(wb.add(2));
-            let (sc, mn) = scales_mins_k4(wb.add(4));
+            let (sc8, mn8) = k4_scale_bytes(wb.add(4));
+            // The 8 scales as i16 in both lanes; the mins as pairs (m0 m0 m1 m1 …) against
+            // the 16 activation sums of 16.
+            let sc16 =
+                _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
+            let mn = _mm_cvtsi64_si128(mn8 as i64);
+            let mpairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
             let qh = if FIVE {
                 _mm256_loadu_si256(wb.add(16) as *const __m256i)
             } else {
@@ -1585,8 +1648,8 @@ unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
                     lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
                     hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
                 }
-                let s_lo = _mm256_set1_epi16(sc[2 * i]);
-                let s_hi = _mm256_set1_epi16(sc[2 * i + 1]);
+                let s_lo = _mm256_shuffle_epi8(sc16, word_shuffle(2 * i));
+                let s_hi = _mm256_shuffle_epi8(sc16, word_shuffle(2 * i + 1));
                 for t in 0..NX {
                     let xq = xs[t].add(b * 292 + 4 + 64 * i);
                     let x0 = _mm256_loadu_si256(xq as *const __m256i);
@@ -1598,18 +1661,15 @@ unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
             for t in 0..NX {
                 let xb = xs[t].add(b * 292);
                 let dx = f32_at(xb);
-                let mut summ = 0i32;
-                for j in 0..8 {
-                    let bs = i16_at(xb.add(260 + 4 * j)) + i16_at(xb.add(262 + 4 * j));
-                    summ += i32::from(mn[j]) * bs;
-                }
-                let dd = _mm256_set1_ps(d * dx);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), dd, acc[t]);
-                accm[t] -= dmin * dx * summ as f32;
+                let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+                let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mpairs));
+                acc[t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx), acc[t]);
+                accm[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(-dmin * dx), accm[t]);
             }
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]) + accm[t];
+            *a.out.add(t * a.out_stride + r) = hsum256(_mm256_add_ps(acc[t], accm[t]));
         }
     }
 }
@@ -1637,7 +1697,8 @@ unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             let wb = w.add(b * 210);
             let d = f16_at(wb.add(208));
-            let sc: [i8; 16] = *(wb.add(192) as *const [i8; 16]);
+            let sc8 = _mm_loadu_si128(wb.add(192) as *const __m128i);
+            let sc16 = _mm256_cvtepi8_epi16(sc8);
             let mut sumi = [_mm256_setzero_si256(); NX];
             for h in 0..2 {
                 let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
@@ -1661,12 +1722,15 @@ unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
                     ),
                 ];
+                // This half's 8 scales as i16 in both 128-bit lanes; group g = 8h + 2rq's
+                // scale to the low lane, g + 1's to the high lane, by one byte shuffle.
+                let sch = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(if h == 0 {
+                    sc8
+                } else {
+                    _mm_srli_si128::<8>(sc8)
+                }));
                 for (rq, &qv) in q.iter().enumerate() {
-                    let g = 8 * h + 2 * rq;
-                    let scv = _mm256_set_m128i(
-                        _mm_set1_epi16(i16::from(sc[g + 1])),
-                        _mm_set1_epi16(i16::from(sc[g])),
-                    );
+                    let scv = _mm256_shuffle_epi8(sch, pair_shuffle(rq));
                     for t in 0..NX {
                         let xq = xs[t].add(b * 292 + 4 + 128 * h + 32 * rq);
                         let xv = _mm256_loadu_si256(xq as *const __m256i);
@@ -1677,13 +1741,11 @@ unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
             for t in 0..NX {
                 let xb = xs[t].add(b * 292);
                 let dx = f32_at(xb);
-                // The -32 offset of every quant: Σ_g scale_g · Σ x (group g of 16).
-                let mut summs = 0i32;
-                for (g, &s) in sc.iter().enumerate() {
-                    summs += i32::from(s) * i16_at(xb.add(260 + 2 * g));
-                }
-                let s =
-                    _mm256_sub_epi32(sumi[t], _mm256_setr_epi32(32 * summs, 0, 0, 0, 0, 0, 0, 0));
+                // The -32 offset of every quant: Σ_g scale_g · Σ x (group g of 16), as 8
+                // lanes of pair sums: 32 · madd(bsums, scales).
+                let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+                let offs = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                let s = _mm256_sub_epi32(sumi[t], offs);
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[t]);
             }
         }
@@ -2191,9 +2253,9 @@ macro_rules! level {
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
             entry!(exact_q6_k, $features, $q6k);
-            entry!(q4_0, $features, legacy_rows::<$D, WQ4_0>);
+            entry!(q4_0, $features, legacy_rows::<$D, WQ4_0U>);
             entry!(q4_1, $features, legacy_rows::<$D, WQ4_1>);
-            entry!(q5_0, $features, legacy_rows::<$D, WQ5_0>);
+            entry!(q5_0, $features, legacy_rows::<$D, WQ5_0U>);
             entry!(q5_1, $features, legacy_rows::<$D, WQ5_1>);
             entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
             entry!(q4_k, $features, q45k_rows::<$D, false>);
