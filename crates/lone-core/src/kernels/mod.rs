@@ -372,6 +372,11 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => {
             let mut k = x86_kernel(isa, dtype, fast_act).unwrap_or(scalar);
+            if isa == Isa::Avx2 && k.gemm.is_none() {
+                // No 8-bit GEMM on AVX2 (yet): many rows take the exact f32 GEMM, faster than
+                // the 8-bit matrix-vector kernels' four rows per weight pass.
+                k.gemm = x86_kernel(isa, dtype, None).and_then(|e| e.gemm);
+            }
             k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
             k.igemm = !exact && isa == Isa::Avx512 && int8::supports(dtype);
             if k.igemm {
@@ -1310,7 +1315,7 @@ fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
     if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
     }
-    if exact_matvec_in_fast_mode(isa, dtype) {
+    if exact_matvec_in_fast_mode(isa, dtype) || (isa == Isa::Avx2 && n >= GEMM_MIN_ROWS) {
         return None;
     }
     let _ = (isa, n, k);
