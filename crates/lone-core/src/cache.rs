@@ -5,18 +5,175 @@
 //! refused; the caller then clears the cache and prefills again.
 
 use crate::config::{LayerKind, ModelConfig};
+pub use crate::kernels::KvSlice;
+use crate::tensor::DType;
 
 /// Default number of positions a ring or conv cache can be rolled back.
 pub const DEFAULT_ROLLBACK: usize = 64;
 
+/// How attention keys and values are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// f32: exact (the parity tests' setting and the library default).
+    #[default]
+    F32,
+    /// IEEE half precision, rounded to nearest even: half the bytes per position, as
+    /// llama.cpp's default. Attention reads the f16 rows directly.
+    F16,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+
+    /// `f32` or `f16`.
+    pub fn parse(s: &str) -> Option<KvType> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Some(KvType::F32),
+            "f16" => Some(KvType::F16),
+            _ => None,
+        }
+    }
+
+    /// The storage format as a tensor type (the kernels' view of the rows).
+    pub fn dtype(self) -> DType {
+        match self {
+            KvType::F32 => DType::F32,
+            KvType::F16 => DType::F16,
+        }
+    }
+
+    /// Bytes per stored element.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+/// Rows of `dim` keys or values in the cache's [`KvType`]: the cache owns the layout,
+/// attention appends, overwrites and reads rows through it.
+#[derive(Clone, Debug)]
+pub enum KvRows {
+    F32 { data: Vec<f32>, dim: usize },
+    F16 { data: Vec<u16>, dim: usize },
+}
+
+impl KvRows {
+    pub fn new(ty: KvType, dim: usize, rows: usize) -> KvRows {
+        match ty {
+            KvType::F32 => KvRows::F32 {
+                data: vec![0.0; rows * dim],
+                dim,
+            },
+            KvType::F16 => KvRows::F16 {
+                data: vec![0; rows * dim],
+                dim,
+            },
+        }
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            KvRows::F32 { .. } => KvType::F32,
+            KvRows::F16 { .. } => KvType::F16,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        match self {
+            KvRows::F32 { dim, .. } | KvRows::F16 { dim, .. } => *dim,
+        }
+    }
+
+    /// Rows stored.
+    pub fn rows(&self) -> usize {
+        let d = self.dim().max(1);
+        match self {
+            KvRows::F32 { data, .. } => data.len() / d,
+            KvRows::F16 { data, .. } => data.len() / d,
+        }
+    }
+
+    /// Keep the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
+        let d = self.dim();
+        match self {
+            KvRows::F32 { data, .. } => data.truncate(rows * d),
+            KvRows::F16 { data, .. } => data.truncate(rows * d),
+        }
+    }
+
+    /// Store `x` (`dim` values) as row `row`: overwritten if it exists, appended if it is the
+    /// next one.
+    ///
+    /// Panics if `row` is past the end or `x` is not `dim` long.
+    pub fn set(&mut self, row: usize, x: &[f32]) {
+        let d = self.dim();
+        assert_eq!(x.len(), d, "KvRows::set: row length");
+        let n = self.rows();
+        assert!(row <= n, "KvRows::set: row {row} past the end ({n})");
+        match self {
+            KvRows::F32 { data, .. } => {
+                if row == n {
+                    data.extend_from_slice(x);
+                } else {
+                    data[row * d..(row + 1) * d].copy_from_slice(x);
+                }
+            }
+            KvRows::F16 { data, .. } => {
+                if row == n {
+                    data.resize((n + 1) * d, 0);
+                }
+                for (o, &v) in data[row * d..(row + 1) * d].iter_mut().zip(x) {
+                    *o = half::f16::from_f32(v).to_bits();
+                }
+            }
+        }
+    }
+
+    /// Elements `off..off + out.len()` of row `row` as f32.
+    pub fn read(&self, row: usize, off: usize, out: &mut [f32]) {
+        let s = row * self.dim() + off;
+        let n = out.len();
+        match self {
+            KvRows::F32 { data, .. } => out.copy_from_slice(&data[s..s + n]),
+            KvRows::F16 { data, .. } => {
+                for (o, &h) in out.iter_mut().zip(&data[s..s + n]) {
+                    *o = half::f16::from_bits(h).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The stored elements from element `first` on (rows `dim` elements apart), for the
+    /// attention kernels.
+    pub fn view(&self, first: usize) -> KvSlice<'_> {
+        match self {
+            KvRows::F32 { data, .. } => KvSlice::F32(&data[first..]),
+            KvRows::F16 { data, .. } => KvSlice::F16(&data[first..]),
+        }
+    }
+
+    /// Bytes held (capacity not counted).
+    pub fn bytes(&self) -> usize {
+        self.rows() * self.dim() * self.kv_type().elem_bytes()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum LayerCache {
     /// Keys and values of every position: `[len, kv_dim]` each.
-    Attention { k: Vec<f32>, v: Vec<f32> },
+    Attention { k: KvRows, v: KvRows },
     /// The last `cap` positions' keys and values; position `p` is stored in row `p % cap`.
     SlidingRing {
-        k: Vec<f32>,
-        v: Vec<f32>,
+        k: KvRows,
+        v: KvRows,
         window: usize,
         cap: usize,
     },
@@ -34,26 +191,31 @@ pub struct SeqCache {
     pub layers: Vec<LayerCache>,
     /// The tokens whose state the cache holds, in position order.
     tokens: Vec<u32>,
-    kv_dim: usize,
     rollback: usize,
 }
 
 impl SeqCache {
+    /// A cache with f32 keys and values.
     pub fn new(cfg: &ModelConfig, rollback: usize) -> SeqCache {
+        SeqCache::with_kv_type(cfg, rollback, KvType::F32)
+    }
+
+    /// A cache storing keys and values as `kv`.
+    pub fn with_kv_type(cfg: &ModelConfig, rollback: usize, kv: KvType) -> SeqCache {
         let kv_dim = cfg.n_kv_heads * cfg.head_dim;
         let layers = cfg
             .layer_kinds
             .iter()
             .map(|k| match k {
                 LayerKind::Attention => LayerCache::Attention {
-                    k: Vec::new(),
-                    v: Vec::new(),
+                    k: KvRows::new(kv, kv_dim, 0),
+                    v: KvRows::new(kv, kv_dim, 0),
                 },
                 LayerKind::SlidingAttention => {
                     let cap = cfg.sliding_window + rollback;
                     LayerCache::SlidingRing {
-                        k: vec![0.0; cap * kv_dim],
-                        v: vec![0.0; cap * kv_dim],
+                        k: KvRows::new(kv, kv_dim, cap),
+                        v: KvRows::new(kv, kv_dim, cap),
                         window: cfg.sliding_window,
                         cap,
                     }
@@ -71,9 +233,21 @@ impl SeqCache {
         SeqCache {
             layers,
             tokens: Vec::new(),
-            kv_dim,
             rollback,
         }
+    }
+
+    /// Bytes of keys and values held (conv state not counted).
+    pub fn kv_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Attention { k, v } | LayerCache::SlidingRing { k, v, .. } => {
+                    k.bytes() + v.bytes()
+                }
+                LayerCache::Conv { .. } => 0,
+            })
+            .sum()
     }
 
     /// Positions held.
@@ -109,8 +283,8 @@ impl SeqCache {
         self.tokens.clear();
         for l in &mut self.layers {
             if let LayerCache::Attention { k, v } = l {
-                k.clear();
-                v.clear();
+                k.truncate(0);
+                v.truncate(0);
             }
         }
     }
@@ -135,11 +309,10 @@ impl SeqCache {
         if !self.can_truncate(len) {
             return false;
         }
-        let kv = self.kv_dim;
         for l in &mut self.layers {
             if let LayerCache::Attention { k, v } = l {
-                k.truncate(len * kv);
-                v.truncate(len * kv);
+                k.truncate(len);
+                v.truncate(len);
             }
         }
         self.tokens.truncate(len);

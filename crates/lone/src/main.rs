@@ -23,6 +23,16 @@ struct Cli {
     /// CPUs exact prefill with 8-bit decode)
     #[arg(long, global = true)]
     exact: bool,
+    /// How the attention cache stores keys and values: f16 (half the memory per context
+    /// token, as llama.cpp's default) or f32 (exact: logits equal transformers' to 1e-4)
+    #[arg(
+        long,
+        global = true,
+        visible_alias = "cache-type-k",
+        default_value = "f16",
+        value_parser = parse_cache_type
+    )]
+    cache_type: lone_core::cache::KvType,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,6 +57,7 @@ fn main() {
     if cli.exact {
         lone_core::kernels::set_exact(true);
     }
+    cmd::common::set_cache_type(cli.cache_type);
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),
@@ -57,4 +68,9 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn parse_cache_type(s: &str) -> Result<lone_core::cache::KvType, String> {
+    lone_core::cache::KvType::parse(s)
+        .ok_or_else(|| format!("unknown cache type {s:?}: use f16 or f32"))
 }

@@ -91,40 +91,47 @@ fn dump_logits_matches_transformers() {
     let tmp = tempfile::tempdir().unwrap();
     let npy = tmp.path().join("logits.npy");
     let n = 6;
-    let out = lone()
-        .args([
-            "run",
-            "--model",
-            dir.to_str().unwrap(),
-            "--prompt-ids",
-            &ids_arg(&prompt),
-            "-n",
-            &n.to_string(),
-        ])
-        .args(["--ignore-eos", "--dump-logits", npy.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = lone_core::npy::read(&npy).unwrap();
     let reference = lone_core::npy::read(&dir.join("logits.npy")).unwrap();
     let v = reference.shape[1];
     // One row per prompt position, then one per generated token fed back (n - 1).
     let rows = prompt.len() + n - 1;
-    assert_eq!(got.shape, vec![rows, v]);
-    let worst = got
-        .data
-        .iter()
-        .zip(&reference.data[..rows * v])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        worst < 1e-4,
-        "dumped logits differ from transformers by {worst}"
-    );
+    // The exact path (f32 cache) within 1e-4; the default f16 cache within its rounding
+    // (measured on this fixture: 2.1e-3; tests/parity.rs bounds it for every family).
+    for (cache, bar) in [("f32", 1e-4f32), ("f16", 5e-3)] {
+        let out = lone()
+            .args([
+                "run",
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &ids_arg(&prompt),
+                "-n",
+                &n.to_string(),
+                "--cache-type",
+                cache,
+            ])
+            .args(["--ignore-eos", "--dump-logits", npy.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = lone_core::npy::read(&npy).unwrap();
+        assert_eq!(got.shape, vec![rows, v]);
+        let worst = got
+            .data
+            .iter()
+            .zip(&reference.data[..rows * v])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("--cache-type {cache}: max |Δ logit| {worst:e}");
+        assert!(
+            worst < bar,
+            "dumped logits ({cache} cache) differ from transformers by {worst}"
+        );
+    }
     let _ = greedy;
 }
 

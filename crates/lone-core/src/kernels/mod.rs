@@ -511,11 +511,14 @@ struct Active {
 struct VecFns {
     /// `x[i] = e^x[i]`, within a few ulp of `f32::exp`.
     exp: unsafe fn(*mut f32, usize),
-    /// See [`mix_rows`].
+    /// See [`mix_rows`]: f32 values.
     mix: MixFn,
+    /// f16 values.
+    mix_f16: MixFn,
 }
 
-type MixFn = unsafe fn(*const f32, usize, usize, *const f32, usize, usize, usize, *mut f32);
+/// `mix_rows` over raw value rows (`stride` elements apart) of the function's element type.
+type MixFn = unsafe fn(*const f32, usize, usize, *const u8, usize, usize, usize, *mut f32);
 
 fn vec_fns(isa: Isa) -> VecFns {
     match isa {
@@ -523,26 +526,29 @@ fn vec_fns(isa: Isa) -> VecFns {
         Isa::Avx512 => VecFns {
             exp: x86::exp_avx512,
             mix: x86::avx512::mix,
+            mix_f16: x86::avx512::mix_f16,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
             exp: exp_scalar,
             mix: x86::avx2::mix,
+            mix_f16: x86::avx2::mix_f16,
         },
         _ => VecFns {
             exp: exp_scalar,
-            mix: mix_scalar,
+            mix: mix_scalar::<false>,
+            mix_f16: mix_scalar::<true>,
         },
     }
 }
 
-/// Scalar reference of [`mix_rows`] (same contract, unchecked).
+/// Scalar reference of [`mix_rows`] (same contract, unchecked): f32 values, or f16 ones.
 #[allow(clippy::too_many_arguments)]
-unsafe fn mix_scalar(
+unsafe fn mix_scalar<const F16: bool>(
     p: *const f32,
     p_stride: usize,
     nq: usize,
-    vals: *const f32,
+    vals: *const u8,
     stride: usize,
     nk: usize,
     d: usize,
@@ -550,30 +556,75 @@ unsafe fn mix_scalar(
 ) {
     for g in 0..nq {
         for j in 0..nk {
-            // SAFETY: the mix_rows contract (checked by it).
-            let (w, v, o) = unsafe {
+            // SAFETY: the mix_rows contract (checked by it): row j of d elements.
+            let (w, o) = unsafe {
                 (
                     *p.add(g * p_stride + j),
-                    std::slice::from_raw_parts(vals.add(j * stride), d),
                     std::slice::from_raw_parts_mut(out.add(g * d), d),
                 )
             };
-            for (a, &b) in o.iter_mut().zip(v) {
+            for (i, a) in o.iter_mut().enumerate() {
+                // SAFETY: as above; element i of row j.
+                let b = unsafe {
+                    if F16 {
+                        let h = (vals as *const u16).add(j * stride + i).read_unaligned();
+                        half::f16::from_bits(h).to_f32()
+                    } else {
+                        (vals as *const f32).add(j * stride + i).read_unaligned()
+                    }
+                };
                 *a += w * b;
             }
         }
     }
 }
 
+/// Attention keys or values as the cache stores them: rows of elements some stride apart.
+#[derive(Clone, Copy, Debug)]
+pub enum KvSlice<'a> {
+    F32(&'a [f32]),
+    /// IEEE half-precision bit patterns.
+    F16(&'a [u16]),
+}
+
+impl KvSlice<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvSlice::F32(x) => x.len(),
+            KvSlice::F16(x) => x.len(),
+        }
+    }
+    fn dtype(&self) -> DType {
+        match self {
+            KvSlice::F32(_) => DType::F32,
+            KvSlice::F16(_) => DType::F16,
+        }
+    }
+    fn ptr(&self) -> *const u8 {
+        match self {
+            KvSlice::F32(x) => x.as_ptr() as *const u8,
+            KvSlice::F16(x) => x.as_ptr() as *const u8,
+        }
+    }
+    fn elem_bytes(&self) -> usize {
+        match self {
+            KvSlice::F32(_) => 4,
+            KvSlice::F16(_) => 2,
+        }
+    }
+}
+
 /// Dot products of `nq` rows of `q` (`d` each, contiguous) with `nk` rows of `keys` (`d`
-/// each, `stride` apart): `out[g·nk + j] = q_g · key_j` (attention scores). Runs on the calling
-/// thread, with the f32 matrix-vector kernel.
+/// each, `stride` elements apart, f32 or f16): `out[g·nk + j] = q_g · key_j` (attention
+/// scores). Runs on the calling thread, with the F32/F16 matrix-vector kernel (f32
+/// activations: f16 keys are exactly widened).
 ///
 /// Panics if the slices are too short.
+#[allow(clippy::too_many_arguments)]
 pub fn dot_rows(
     q: &[f32],
     nq: usize,
-    keys: &[f32],
+    keys: KvSlice,
     stride: usize,
     nk: usize,
     d: usize,
@@ -594,19 +645,20 @@ pub fn dot_rows(
         out[..nq * nk].fill(0.0);
         return;
     }
-    let kern = active().table[dtype_index(DType::F32)][1];
+    let dtype = keys.dtype();
+    let kern = active().table[dtype_index(dtype)][Mode::Exact as usize];
     debug_assert!(kern.act == Act::F32);
     let mut g0 = 0;
     while g0 < nq {
         let nx = 4.min(nq - g0);
-        // SAFETY: nk key rows of d f32, `stride` apart, lie in `keys`; nx query rows of d f32
-        // from g0 in `q`; out rows g0..g0+nx of nk f32 in `out` (all asserted above); the F32
-        // kernel takes f32 activations and runs on this CPU.
+        // SAFETY: nk key rows of d elements, `stride` apart, lie in `keys`; nx query rows of
+        // d f32 from g0 in `q`; out rows g0..g0+nx of nk f32 in `out` (all asserted above);
+        // the F32/F16 kernel takes f32 activations, rows at any stride, and runs on this CPU.
         unsafe {
             let a = MatArgs {
-                dtype: DType::F32,
-                w: keys.as_ptr() as *const u8,
-                w_stride: 4 * stride,
+                dtype,
+                w: keys.ptr(),
+                w_stride: keys.elem_bytes() * stride,
                 rows: nk,
                 x: q.as_ptr().add(g0 * d) as *const u8,
                 x_stride: 4 * d,
@@ -630,7 +682,7 @@ pub fn mix_rows(
     p: &[f32],
     p_stride: usize,
     nq: usize,
-    vals: &[f32],
+    vals: KvSlice,
     stride: usize,
     nk: usize,
     d: usize,
@@ -648,13 +700,18 @@ pub fn mix_rows(
         "mix_rows: values"
     );
     assert!(out.len() >= nq * d, "mix_rows: output");
+    let v = active().vec;
+    let f = match vals {
+        KvSlice::F32(_) => v.mix,
+        KvSlice::F16(_) => v.mix_f16,
+    };
     // SAFETY: the extents were asserted above; the table's functions run on this CPU.
     unsafe {
-        (active().vec.mix)(
+        f(
             p.as_ptr(),
             p_stride,
             nq,
-            vals.as_ptr(),
+            vals.ptr(),
             stride,
             nk,
             d,

@@ -265,95 +265,119 @@ fn matmul_many_equals_separate_matmuls() {
     }
 }
 
-/// The attention primitives against plain f64 loops, over odd sizes and strides.
+/// The attention primitives against plain f64 loops, over odd sizes and strides, with f32
+/// and f16 keys/values (the f16 reference: the stored halves widened exactly).
 #[test]
 fn dot_rows_and_mix_rows_match_the_reference() {
     let mut rng = Rng(31);
-    for (nq, nk, d, stride) in [
-        (1, 1, 1, 1),
-        (3, 17, 64, 80),
-        (7, 40, 64, 128),
-        (5, 9, 72, 72),
-        (2, 33, 128, 256),
-        (4, 5, 17, 19),
-    ] {
-        let q: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
-        let keys: Vec<f32> = (0..(nk - 1) * stride + d).map(|_| rng.f32()).collect();
-        let mut s = vec![f32::NAN; nq * nk];
-        dot_rows(&q, nq, &keys, stride, nk, d, &mut s);
-        for g in 0..nq {
-            for j in 0..nk {
-                let want: f64 = (0..d)
-                    .map(|i| q[g * d + i] as f64 * keys[j * stride + i] as f64)
-                    .sum();
-                let mag: f64 = (0..d)
-                    .map(|i| (q[g * d + i] as f64 * keys[j * stride + i] as f64).abs())
-                    .sum();
-                let got = s[g * nk + j] as f64;
-                assert!(
-                    (got - want).abs() <= (d as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
-                    "dot_rows {nq}x{nk}x{d}: {got} vs {want}"
-                );
-            }
-        }
-        // Every family's F32 kernel on strided rows (what dot_rows hands it).
-        for isa in Isa::available() {
-            let kern = kernel(isa, DType::F32, true);
-            let mut s2 = vec![f32::NAN; nq * nk];
-            for g0 in (0..nq).step_by(4) {
-                let a = MatArgs {
-                    dtype: DType::F32,
-                    w: keys.as_ptr() as *const u8,
-                    w_stride: 4 * stride,
-                    rows: nk,
-                    x: q[g0 * d..].as_ptr() as *const u8,
-                    x_stride: 4 * d,
-                    nx: 4.min(nq - g0),
-                    k: d,
-                    out: s2[g0 * nk..].as_mut_ptr(),
-                    out_stride: nk,
-                };
-                // SAFETY: the extents match the MatFn contract; `isa` is available.
-                unsafe { (kern.f)(&a) };
-            }
-            for (i, (&a, &b)) in s2.iter().zip(&s).enumerate() {
-                let tol = 1e-5 * (1.0 + b.abs()) * d as f32;
-                assert!(
-                    (a - b).abs() <= tol,
-                    "{isa:?} strided F32 kernel {nq}x{nk}x{d} [{i}]: {a} vs {b}"
-                );
-            }
-        }
-        let p_stride = nk + 3;
-        let p: Vec<f32> = (0..(nq - 1) * p_stride + nk).map(|_| rng.f32()).collect();
-        let base: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
-        for isa in Isa::available() {
-            let f = vec_fns(isa);
-            let mut out = base.clone();
-            // SAFETY: the extents match mix_rows' contract; `isa` is available.
-            unsafe {
-                (f.mix)(
-                    p.as_ptr(),
-                    p_stride,
-                    nq,
-                    keys.as_ptr(),
-                    stride,
-                    nk,
-                    d,
-                    out.as_mut_ptr(),
-                )
+    for f16 in [false, true] {
+        for (nq, nk, d, stride) in [
+            (1, 1, 1, 1),
+            (3, 17, 64, 80),
+            (7, 40, 64, 128),
+            (5, 9, 72, 72),
+            (2, 33, 128, 256),
+            (4, 5, 17, 19),
+        ] {
+            let q: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+            let raw: Vec<f32> = (0..(nk - 1) * stride + d).map(|_| rng.f32()).collect();
+            let halves: Vec<u16> = raw
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            // The values the kernels see.
+            let keys: Vec<f32> = if f16 {
+                halves
+                    .iter()
+                    .map(|&h| half::f16::from_bits(h).to_f32())
+                    .collect()
+            } else {
+                raw.clone()
             };
+            let view = if f16 {
+                KvSlice::F16(&halves)
+            } else {
+                KvSlice::F32(&raw)
+            };
+            let mut s = vec![f32::NAN; nq * nk];
+            dot_rows(&q, nq, view, stride, nk, d, &mut s);
             for g in 0..nq {
-                for i in 0..d {
-                    let terms =
-                        (0..nk).map(|j| p[g * p_stride + j] as f64 * keys[j * stride + i] as f64);
-                    let want = base[g * d + i] as f64 + terms.clone().sum::<f64>();
-                    let mag = (base[g * d + i] as f64).abs() + terms.map(f64::abs).sum::<f64>();
-                    let got = out[g * d + i] as f64;
+                for j in 0..nk {
+                    let want: f64 = (0..d)
+                        .map(|i| q[g * d + i] as f64 * keys[j * stride + i] as f64)
+                        .sum();
+                    let mag: f64 = (0..d)
+                        .map(|i| (q[g * d + i] as f64 * keys[j * stride + i] as f64).abs())
+                        .sum();
+                    let got = s[g * nk + j] as f64;
                     assert!(
-                        (got - want).abs() <= (nk as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
-                        "{isa:?} mix {nq}x{nk}x{d} g={g} i={i}: {got} vs {want}"
+                        (got - want).abs() <= (d as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                        "dot_rows f16={f16} {nq}x{nk}x{d}: {got} vs {want}"
                     );
+                }
+            }
+            // Every family's F32/F16 kernel on strided rows (what dot_rows hands it).
+            for isa in Isa::available() {
+                let dtype = view.dtype();
+                let kern = kernel(isa, dtype, true);
+                let mut s2 = vec![f32::NAN; nq * nk];
+                for g0 in (0..nq).step_by(4) {
+                    let a = MatArgs {
+                        dtype,
+                        w: view.ptr(),
+                        w_stride: view.elem_bytes() * stride,
+                        rows: nk,
+                        x: q[g0 * d..].as_ptr() as *const u8,
+                        x_stride: 4 * d,
+                        nx: 4.min(nq - g0),
+                        k: d,
+                        out: s2[g0 * nk..].as_mut_ptr(),
+                        out_stride: nk,
+                    };
+                    // SAFETY: the extents match the MatFn contract; `isa` is available.
+                    unsafe { (kern.f)(&a) };
+                }
+                for (i, (&a, &b)) in s2.iter().zip(&s).enumerate() {
+                    let tol = 1e-5 * (1.0 + b.abs()) * d as f32;
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{isa:?} strided {dtype} kernel {nq}x{nk}x{d} [{i}]: {a} vs {b}"
+                    );
+                }
+            }
+            let p_stride = nk + 3;
+            let p: Vec<f32> = (0..(nq - 1) * p_stride + nk).map(|_| rng.f32()).collect();
+            let base: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+            for isa in Isa::available() {
+                let f = vec_fns(isa);
+                let mix = if f16 { f.mix_f16 } else { f.mix };
+                let mut out = base.clone();
+                // SAFETY: the extents match mix_rows' contract; `isa` is available.
+                unsafe {
+                    mix(
+                        p.as_ptr(),
+                        p_stride,
+                        nq,
+                        view.ptr(),
+                        stride,
+                        nk,
+                        d,
+                        out.as_mut_ptr(),
+                    )
+                };
+                for g in 0..nq {
+                    for i in 0..d {
+                        let terms = (0..nk)
+                            .map(|j| p[g * p_stride + j] as f64 * keys[j * stride + i] as f64);
+                        let want = base[g * d + i] as f64 + terms.clone().sum::<f64>();
+                        let mag = (base[g * d + i] as f64).abs() + terms.map(f64::abs).sum::<f64>();
+                        let got = out[g * d + i] as f64;
+                        assert!(
+                            (got - want).abs()
+                                <= (nk as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                            "{isa:?} mix f16={f16} {nq}x{nk}x{d} g={g} i={i}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

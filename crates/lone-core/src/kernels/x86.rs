@@ -2091,10 +2091,10 @@ unsafe fn pack32_v16(x: *const f32, k: usize, rows: usize, dst: *mut f32) {
 /// `j < nk`: each value row is loaded once for all `G` rows of weights, the accumulators
 /// (`G` × 4 vectors, 64 columns at a time on AVX-512) stay in registers over all `j`.
 #[inline(always)]
-unsafe fn mix_v<V: F32V, const G: usize>(
+unsafe fn mix_v<V: F32V, W: FloatW, const G: usize>(
     p: *const f32,
     p_stride: usize,
-    vals: *const f32,
+    vals: *const u8,
     stride: usize,
     nk: usize,
     d: usize,
@@ -2105,7 +2105,8 @@ unsafe fn mix_v<V: F32V, const G: usize>(
     while c + 4 * l <= d {
         let mut acc = [[V::zero(); 4]; G];
         for j in 0..nk {
-            let v: [V; 4] = core::array::from_fn(|u| V::load(vals.add(j * stride + c + u * l)));
+            let v: [V; 4] =
+                core::array::from_fn(|u| W::load::<V>(vals.add((j * stride + c + u * l) * W::EB)));
             for g in 0..G {
                 let pg = V::splat(*p.add(g * p_stride + j));
                 for u in 0..4 {
@@ -2124,7 +2125,7 @@ unsafe fn mix_v<V: F32V, const G: usize>(
     while c + l <= d {
         let mut acc = [V::zero(); G];
         for j in 0..nk {
-            let v = V::load(vals.add(j * stride + c));
+            let v = W::load::<V>(vals.add((j * stride + c) * W::EB));
             for g in 0..G {
                 acc[g] = V::fma(V::splat(*p.add(g * p_stride + j)), v, acc[g]);
             }
@@ -2139,7 +2140,7 @@ unsafe fn mix_v<V: F32V, const G: usize>(
         for g in 0..G {
             let mut a = 0.0f32;
             for j in 0..nk {
-                a += *p.add(g * p_stride + j) * *vals.add(j * stride + i);
+                a += *p.add(g * p_stride + j) * W::scalar(vals.add((j * stride + i) * W::EB));
             }
             *out.add(g * d + i) += a;
         }
@@ -2149,11 +2150,11 @@ unsafe fn mix_v<V: F32V, const G: usize>(
 /// [`mix_v`] for any number of weight rows, 4 at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mix_rows<V: F32V>(
+unsafe fn mix_rows<V: F32V, W: FloatW>(
     p: *const f32,
     p_stride: usize,
     nq: usize,
-    vals: *const f32,
+    vals: *const u8,
     stride: usize,
     nk: usize,
     d: usize,
@@ -2163,10 +2164,10 @@ unsafe fn mix_rows<V: F32V>(
     while g0 < nq {
         let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
         match nq - g0 {
-            1 => mix_v::<V, 1>(pp, p_stride, vals, stride, nk, d, oo),
-            2 => mix_v::<V, 2>(pp, p_stride, vals, stride, nk, d, oo),
-            3 => mix_v::<V, 3>(pp, p_stride, vals, stride, nk, d, oo),
-            _ => mix_v::<V, 4>(pp, p_stride, vals, stride, nk, d, oo),
+            1 => mix_v::<V, W, 1>(pp, p_stride, vals, stride, nk, d, oo),
+            2 => mix_v::<V, W, 2>(pp, p_stride, vals, stride, nk, d, oo),
+            3 => mix_v::<V, W, 3>(pp, p_stride, vals, stride, nk, d, oo),
+            _ => mix_v::<V, W, 4>(pp, p_stride, vals, stride, nk, d, oo),
         }
         g0 += 4;
     }
@@ -2271,13 +2272,27 @@ macro_rules! level {
                 p: *const f32,
                 p_stride: usize,
                 nq: usize,
-                vals: *const f32,
+                vals: *const u8,
                 stride: usize,
                 nk: usize,
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<$V>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_rows::<$V, WF32>(p, p_stride, nq, vals, stride, nk, d, out)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix_f16(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const u8,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_rows::<$V, WF16>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {

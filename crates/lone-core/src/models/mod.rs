@@ -10,7 +10,7 @@ pub mod llama;
 
 use std::path::Path;
 
-use crate::cache::{SeqCache, DEFAULT_ROLLBACK};
+use crate::cache::{KvType, SeqCache, DEFAULT_ROLLBACK};
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
 use crate::loader::gguf::GgufFile;
@@ -82,6 +82,8 @@ pub struct Model {
     pub lm_head: Linear,
     /// Where the weights came from (for messages and `inspect`).
     pub weights: Weights,
+    /// How [`Model::new_cache`] stores attention keys and values (default f32, exact).
+    pub kv_type: KvType,
 }
 
 impl Model {
@@ -132,12 +134,13 @@ impl Model {
             final_norm,
             lm_head,
             weights: ws,
+            kv_type: KvType::F32,
         })
     }
 
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
-        SeqCache::new(&self.cfg, DEFAULT_ROLLBACK)
+        SeqCache::with_kv_type(&self.cfg, DEFAULT_ROLLBACK, self.kv_type)
     }
 
     /// Check a batch against the caches it continues.

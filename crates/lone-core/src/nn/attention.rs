@@ -225,7 +225,6 @@ impl Attention {
     /// softmax (their scores are computed and dropped).
     fn attend_gemm(&self, q: &[f32], cache: &LayerCache, pos0: usize, n: usize, ctx: &mut [f32]) {
         let hd = self.head_dim;
-        let kvd = self.n_kv_heads * hd;
         let qd = self.n_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
         // Query rows per chunk: a chunk multiplies only the keys up to its last position, so
@@ -247,10 +246,12 @@ impl Attention {
                 kh.clear();
                 vt.clear();
                 vt.resize(hd * nk, 0.0);
+                kh.resize(nk * hd, 0.0);
+                let mut vrow = vec![0.0f32; hd];
                 for j in 0..nk {
-                    let src = j * kvd + kvh * hd;
-                    kh.extend_from_slice(&kc[src..src + hd]);
-                    for (d, &val) in vc[src..src + hd].iter().enumerate() {
+                    kc.read(j, kvh * hd, &mut kh[j * hd..(j + 1) * hd]);
+                    vc.read(j, kvh * hd, &mut vrow);
+                    for (d, &val) in vrow.iter().enumerate() {
                         vt[d * nk + j] = val;
                     }
                 }
@@ -323,7 +324,7 @@ impl Attention {
             kernels::dot_rows(
                 qg,
                 group,
-                &kc[first_row(segs[0].0, kvd, kvh, hd)..],
+                kc.view(first_row(segs[0].0, kvd, kvh, hd)),
                 kvd,
                 nk,
                 hd,
@@ -335,7 +336,7 @@ impl Attention {
                 kernels::dot_rows(
                     qg,
                     group,
-                    &kc[first_row(row, kvd, kvh, hd)..],
+                    kc.view(first_row(row, kvd, kvh, hd)),
                     kvd,
                     len,
                     hd,
@@ -357,7 +358,7 @@ impl Attention {
                 &scores[off..],
                 nk,
                 group,
-                &vc[first_row(row, kvd, kvh, hd)..],
+                vc.view(first_row(row, kvd, kvh, hd)),
                 kvd,
                 len,
                 hd,
@@ -385,21 +386,19 @@ fn first_row(row: usize, kvd: usize, kvh: usize, hd: usize) -> usize {
 }
 
 fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
-    let d = k.len();
     match cache {
         LayerCache::Attention { k: kc, v: vc } => {
             // Positions arrive in order; a cache longer than `pos` was truncated logically.
-            kc.truncate(pos * d);
-            vc.truncate(pos * d);
-            kc.extend_from_slice(k);
-            vc.extend_from_slice(v);
+            kc.truncate(pos);
+            vc.truncate(pos);
+            kc.set(pos, k);
+            vc.set(pos, v);
         }
         LayerCache::SlidingRing {
             k: kc, v: vc, cap, ..
         } => {
-            let s = (pos % *cap) * d;
-            kc[s..s + d].copy_from_slice(k);
-            vc[s..s + d].copy_from_slice(v);
+            kc.set(pos % *cap, k);
+            vc.set(pos % *cap, v);
         }
         LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
     }
@@ -408,6 +407,7 @@ fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::{KvRows, KvType};
     use crate::tensor::Tensor;
     use crate::test_rng::Rng;
 
@@ -444,10 +444,13 @@ mod tests {
         let kvd = n_kv_heads * hd;
         let qd = n_heads * hd;
         let total = pos0 + n;
-        let cache = LayerCache::Attention {
-            k: (0..total * kvd).map(|_| rng.f32()).collect(),
-            v: (0..total * kvd).map(|_| rng.f32()).collect(),
-        };
+        let mut k = KvRows::new(KvType::F32, kvd, 0);
+        let mut v = KvRows::new(KvType::F32, kvd, 0);
+        for j in 0..total {
+            k.set(j, &(0..kvd).map(|_| rng.f32()).collect::<Vec<_>>());
+            v.set(j, &(0..kvd).map(|_| rng.f32()).collect::<Vec<_>>());
+        }
+        let cache = LayerCache::Attention { k, v };
         let q: Vec<f32> = (0..n * qd).map(|_| 2.0 * rng.f32()).collect();
         let mut got = vec![0.0; n * qd];
         att.attend_gemm(&q, &cache, pos0, n, &mut got);

