@@ -9,6 +9,10 @@
 #   MODELS_FILTER=regex   only files whose path matches (e.g. 'LFM2-350M|Qwen2.5-0.5B')
 #   DEPTH=N               run every test after N tokens of context (both engines' -d)
 #   DATE=YYYY-MM-DD       names the output (default today)
+#   FAMILY=native|avx2|both   kernel family: native = lone's best ISA against the native
+#                         llama.cpp build; avx2 = LONE_ISA=avx2 against llama.cpp built with
+#                         LLAMA_CPU=avx2 (~/.cache/llama.cpp-0c1e570-avx2, outputs named
+#                         <date>-avx2); both = the two, one after the other
 #   LONE=path/to/lone     (default: builds target/release/lone)
 #   LLAMA_BENCH=path      (default: ~/.cache/llama.cpp-0c1e570/bin/llama-bench)
 #   NICE=-10              run both engines under `nice -n $NICE` (root: a shared machine's other
@@ -24,6 +28,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+FAMILY="${FAMILY:-native}"
+case "$FAMILY" in
+  both) FAMILY=native "$0" "$@"; FAMILY=avx2 exec "$0" "$@" ;;
+  native) SUFFIX="" ;;
+  avx2)
+    SUFFIX="-avx2"
+    export LONE_ISA=avx2
+    LLAMA_BENCH="${LLAMA_BENCH:-$HOME/.cache/llama.cpp-0c1e570-avx2/bin/llama-bench}" ;;
+  *) echo "FAMILY must be native, avx2 or both" >&2; exit 2 ;;
+esac
+
 THREADS="${THREADS:-2}"
 PROMPTS="${PROMPTS:-128,512}"
 GEN="${GEN:-64}"
@@ -32,7 +47,7 @@ LONE_REPS="${LONE_REPS:-$REPS}"
 LLAMA_REPS="${LLAMA_REPS:-$REPS}"
 ROUNDS="${ROUNDS:-1}"
 DEPTH="${DEPTH:-0}"
-DATE="${DATE:-$(date +%F)}"
+DATE="${DATE:-$(date +%F)}$SUFFIX"
 ROOT="${LONE_BENCH_MODELS:-$HOME/.cache/lone/bench}"
 LLAMA_BENCH="${LLAMA_BENCH:-$HOME/.cache/llama.cpp-0c1e570/bin/llama-bench}"
 PY="${PYTHON:-python3}"
