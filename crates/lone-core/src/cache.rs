@@ -20,6 +20,9 @@ pub enum KvType {
     /// IEEE half precision, rounded to nearest even: half the bytes per position, as
     /// llama.cpp's default. Attention reads the f16 rows directly.
     F16,
+    /// ggml's Q8_0 blocks (32 values, one f16 scale: 8.5 bits each), per head: needs a
+    /// head_dim that is a multiple of 32 (as llama.cpp's).
+    Q8_0,
 }
 
 impl KvType {
@@ -27,14 +30,16 @@ impl KvType {
         match self {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
         }
     }
 
-    /// `f32` or `f16`.
+    /// `f32`, `f16` or `q8_0`.
     pub fn parse(s: &str) -> Option<KvType> {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" => Some(KvType::F32),
             "f16" => Some(KvType::F16),
+            "q8_0" => Some(KvType::Q8_0),
             _ => None,
         }
     }
@@ -44,14 +49,21 @@ impl KvType {
         match self {
             KvType::F32 => DType::F32,
             KvType::F16 => DType::F16,
+            KvType::Q8_0 => DType::Q8_0,
         }
     }
 
-    /// Bytes per stored element.
-    pub fn elem_bytes(self) -> usize {
+    /// Whether heads of `head_dim` can be stored (Q8_0: whole blocks of 32 per head).
+    pub fn supports(self, head_dim: usize) -> bool {
+        self != KvType::Q8_0 || head_dim.is_multiple_of(32)
+    }
+
+    /// Bytes per stored row of `dim` elements.
+    pub fn row_bytes(self, dim: usize) -> usize {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => 4 * dim,
+            KvType::F16 => 2 * dim,
+            KvType::Q8_0 => dim / 32 * 34,
         }
     }
 }
@@ -60,8 +72,19 @@ impl KvType {
 /// attention appends, overwrites and reads rows through it.
 #[derive(Clone, Debug)]
 pub enum KvRows {
-    F32 { data: Vec<f32>, dim: usize },
-    F16 { data: Vec<u16>, dim: usize },
+    F32 {
+        data: Vec<f32>,
+        dim: usize,
+    },
+    F16 {
+        data: Vec<u16>,
+        dim: usize,
+    },
+    /// Rows of `dim / 32` Q8_0 blocks.
+    Q8_0 {
+        data: Vec<u8>,
+        dim: usize,
+    },
 }
 
 impl KvRows {
@@ -75,6 +98,10 @@ impl KvRows {
                 data: vec![0; rows * dim],
                 dim,
             },
+            KvType::Q8_0 => KvRows::Q8_0 {
+                data: vec![0; rows * KvType::Q8_0.row_bytes(dim)],
+                dim,
+            },
         }
     }
 
@@ -82,12 +109,13 @@ impl KvRows {
         match self {
             KvRows::F32 { .. } => KvType::F32,
             KvRows::F16 { .. } => KvType::F16,
+            KvRows::Q8_0 { .. } => KvType::Q8_0,
         }
     }
 
     pub fn dim(&self) -> usize {
         match self {
-            KvRows::F32 { dim, .. } | KvRows::F16 { dim, .. } => *dim,
+            KvRows::F32 { dim, .. } | KvRows::F16 { dim, .. } | KvRows::Q8_0 { dim, .. } => *dim,
         }
     }
 
@@ -97,6 +125,7 @@ impl KvRows {
         match self {
             KvRows::F32 { data, .. } => data.len() / d,
             KvRows::F16 { data, .. } => data.len() / d,
+            KvRows::Q8_0 { data, dim } => data.len() / KvType::Q8_0.row_bytes(*dim).max(1),
         }
     }
 
@@ -106,6 +135,7 @@ impl KvRows {
         match self {
             KvRows::F32 { data, .. } => data.truncate(rows * d),
             KvRows::F16 { data, .. } => data.truncate(rows * d),
+            KvRows::Q8_0 { data, .. } => data.truncate(rows * KvType::Q8_0.row_bytes(d)),
         }
     }
 
@@ -134,6 +164,14 @@ impl KvRows {
                     *o = half::f16::from_f32(v).to_bits();
                 }
             }
+            KvRows::Q8_0 { data, .. } => {
+                let rb = KvType::Q8_0.row_bytes(d);
+                if row == n {
+                    data.resize((n + 1) * rb, 0);
+                }
+                crate::quant::quantize_row(DType::Q8_0, x, &mut data[row * rb..(row + 1) * rb])
+                    .expect("dim is a multiple of 32 (checked by SeqCache::with_kv_type)");
+            }
         }
     }
 
@@ -148,21 +186,28 @@ impl KvRows {
                     *o = half::f16::from_bits(h).to_f32();
                 }
             }
+            KvRows::Q8_0 { data, .. } => {
+                // Whole blocks: `off` and `out.len()` are multiples of 32 (head offsets).
+                let (b0, b1) = (s / 32, (s + n) / 32);
+                crate::quant::dequantize_row(DType::Q8_0, &data[b0 * 34..b1 * 34], out)
+                    .expect("reads cover whole Q8_0 blocks of a head");
+            }
         }
     }
 
     /// The stored elements from element `first` on (rows `dim` elements apart), for the
-    /// attention kernels.
+    /// attention kernels. Q8_0: `first` is a multiple of 32.
     pub fn view(&self, first: usize) -> KvSlice<'_> {
         match self {
             KvRows::F32 { data, .. } => KvSlice::F32(&data[first..]),
             KvRows::F16 { data, .. } => KvSlice::F16(&data[first..]),
+            KvRows::Q8_0 { data, .. } => KvSlice::Q8_0(&data[first / 32 * 34..]),
         }
     }
 
     /// Bytes held (capacity not counted).
     pub fn bytes(&self) -> usize {
-        self.rows() * self.dim() * self.kv_type().elem_bytes()
+        self.rows() * self.kv_type().row_bytes(self.dim())
     }
 }
 
@@ -201,7 +246,16 @@ impl SeqCache {
     }
 
     /// A cache storing keys and values as `kv`.
+    ///
+    /// Panics for [`KvType::Q8_0`] with a head_dim that is not a multiple of 32 (check with
+    /// [`KvType::supports`]; `Model::set_kv_type` refuses it with an error).
     pub fn with_kv_type(cfg: &ModelConfig, rollback: usize, kv: KvType) -> SeqCache {
+        assert!(
+            kv.supports(cfg.head_dim),
+            "{} KV cache with head_dim {}",
+            kv.name(),
+            cfg.head_dim
+        );
         let kv_dim = cfg.n_kv_heads * cfg.head_dim;
         let layers = cfg
             .layer_kinds

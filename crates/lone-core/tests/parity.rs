@@ -252,3 +252,34 @@ fn f16_kv_cache_stays_within_its_measured_tolerance() {
         check_greedy(&model, &f, &what);
     }
 }
+
+/// The Q8_0 KV cache on the fixture whose head_dim allows it (qwen3: 32), within its measured
+/// tolerance; a head_dim of 16 is refused with an error, not a panic.
+#[test]
+fn q8_0_kv_cache_stays_within_its_measured_tolerance() {
+    use lone_core::cache::KvType;
+    // Measured: max |Δ logit| 1.1e-2 (prefill).
+    const Q8_KV_TOL: f32 = 2e-2;
+    let dir = fixtures().join("qwen3");
+    let f = load_fixture(&dir);
+    let mut model = Model::load(&dir).unwrap();
+    model.set_kv_type(KvType::Q8_0).unwrap();
+    let what = "qwen3 (q8_0 KV cache)";
+    let seq: Vec<u32> = f.prompt.iter().chain(&f.greedy).copied().collect();
+    let mut cache = model.new_cache();
+    let out = model
+        .forward(
+            &Batch::for_sequence(0, 0, &seq, true),
+            std::slice::from_mut(&mut cache),
+        )
+        .unwrap();
+    eprintln!(
+        "{what}: max |Δ logit| {:e}",
+        max_diff(&out.logits, &f.logits.data).0
+    );
+    check_prefill(&model, &f, &f.logits, Q8_KV_TOL, what);
+    check_decode(&model, &f, &f.logits, Q8_KV_TOL, what);
+    let mut llama = Model::load(&fixtures().join("llama")).unwrap();
+    let err = llama.set_kv_type(KvType::Q8_0).unwrap_err().to_string();
+    assert!(err.contains("multiple of 32"), "{err}");
+}

@@ -24,7 +24,8 @@ struct Cli {
     #[arg(long, global = true)]
     exact: bool,
     /// How the attention cache stores keys and values: f16 (half the memory per context
-    /// token, as llama.cpp's default) or f32 (exact: logits equal transformers' to 1e-4)
+    /// token, as llama.cpp's default), q8_0 (8.5 bits; head_dim a multiple of 32) or f32
+    /// (exact: logits equal transformers' to 1e-4)
     #[arg(
         long,
         global = true,
@@ -72,5 +73,5 @@ fn main() {
 
 fn parse_cache_type(s: &str) -> Result<lone_core::cache::KvType, String> {
     lone_core::cache::KvType::parse(s)
-        .ok_or_else(|| format!("unknown cache type {s:?}: use f16 or f32"))
+        .ok_or_else(|| format!("unknown cache type {s:?}: use f16, f32 or q8_0"))
 }

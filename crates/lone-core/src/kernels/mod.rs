@@ -515,6 +515,8 @@ struct VecFns {
     mix: MixFn,
     /// f16 values.
     mix_f16: MixFn,
+    /// Q8_0 values (whole blocks).
+    mix_q8: MixFn,
 }
 
 /// `mix_rows` over raw value rows (`stride` elements apart) of the function's element type.
@@ -527,17 +529,20 @@ fn vec_fns(isa: Isa) -> VecFns {
             exp: x86::exp_avx512,
             mix: x86::avx512::mix,
             mix_f16: x86::avx512::mix_f16,
+            mix_q8: x86::avx512::mix_q8,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
-            exp: exp_scalar,
+            exp: x86::exp_avx2,
             mix: x86::avx2::mix,
             mix_f16: x86::avx2::mix_f16,
+            mix_q8: x86::avx2::mix_q8,
         },
         _ => VecFns {
             exp: exp_scalar,
             mix: mix_scalar::<false>,
             mix_f16: mix_scalar::<true>,
+            mix_q8: mix_scalar_q8,
         },
     }
 }
@@ -579,38 +584,84 @@ unsafe fn mix_scalar<const F16: bool>(
     }
 }
 
+/// [`mix_scalar`] for Q8_0 values: each block's quants times its scale (the dequantized
+/// values), weighted.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mix_scalar_q8(
+    p: *const f32,
+    p_stride: usize,
+    nq: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let rs = stride / 32 * 34;
+    let mut row = vec![0f32; d];
+    for j in 0..nk {
+        // SAFETY: the mix_rows contract: row j holds d/32 whole blocks.
+        let src = unsafe { std::slice::from_raw_parts(vals.add(j * rs), d / 32 * 34) };
+        quant::dequantize_row(DType::Q8_0, src, &mut row).expect("whole blocks");
+        for g in 0..nq {
+            // SAFETY: as above: weight (g, j) and output row g.
+            let (w, o) = unsafe {
+                (
+                    *p.add(g * p_stride + j),
+                    std::slice::from_raw_parts_mut(out.add(g * d), d),
+                )
+            };
+            for (a, &b) in o.iter_mut().zip(&row) {
+                *a += w * b;
+            }
+        }
+    }
+}
+
 /// Attention keys or values as the cache stores them: rows of elements some stride apart.
 #[derive(Clone, Copy, Debug)]
 pub enum KvSlice<'a> {
     F32(&'a [f32]),
     /// IEEE half-precision bit patterns.
     F16(&'a [u16]),
+    /// Q8_0 blocks (rows and heads of whole blocks; strides in elements, multiples of 32).
+    Q8_0(&'a [u8]),
 }
 
 impl KvSlice<'_> {
+    /// Elements held.
     fn len(&self) -> usize {
         match self {
             KvSlice::F32(x) => x.len(),
             KvSlice::F16(x) => x.len(),
+            KvSlice::Q8_0(x) => x.len() / 34 * 32,
         }
     }
     fn dtype(&self) -> DType {
         match self {
             KvSlice::F32(_) => DType::F32,
             KvSlice::F16(_) => DType::F16,
+            KvSlice::Q8_0(_) => DType::Q8_0,
         }
     }
     fn ptr(&self) -> *const u8 {
         match self {
             KvSlice::F32(x) => x.as_ptr() as *const u8,
             KvSlice::F16(x) => x.as_ptr() as *const u8,
+            KvSlice::Q8_0(x) => x.as_ptr(),
         }
     }
-    fn elem_bytes(&self) -> usize {
+    /// Bytes between rows `stride` elements apart.
+    fn stride_bytes(&self, stride: usize) -> usize {
         match self {
-            KvSlice::F32(_) => 4,
-            KvSlice::F16(_) => 2,
+            KvSlice::F32(_) => 4 * stride,
+            KvSlice::F16(_) => 2 * stride,
+            KvSlice::Q8_0(_) => stride / 32 * 34,
         }
+    }
+    /// Whether rows of `d` elements `stride` apart are whole blocks.
+    fn blocks_ok(&self, d: usize, stride: usize) -> bool {
+        !matches!(self, KvSlice::Q8_0(_)) || (d.is_multiple_of(32) && stride.is_multiple_of(32))
     }
 }
 
@@ -635,7 +686,8 @@ pub fn dot_rows(
         "dot_rows: lengths"
     );
     assert!(
-        nk == 0 || (keys.len() >= (nk - 1) * stride + d && stride >= d),
+        nk == 0
+            || (keys.len() >= (nk - 1) * stride + d && stride >= d && keys.blocks_ok(d, stride)),
         "dot_rows: keys"
     );
     if nq == 0 || nk == 0 {
@@ -658,7 +710,7 @@ pub fn dot_rows(
             let a = MatArgs {
                 dtype,
                 w: keys.ptr(),
-                w_stride: keys.elem_bytes() * stride,
+                w_stride: keys.stride_bytes(stride),
                 rows: nk,
                 x: q.as_ptr().add(g0 * d) as *const u8,
                 x_stride: 4 * d,
@@ -696,7 +748,7 @@ pub fn mix_rows(
         "mix_rows: weights"
     );
     assert!(
-        vals.len() >= (nk - 1) * stride + d && stride >= d,
+        vals.len() >= (nk - 1) * stride + d && stride >= d && vals.blocks_ok(d, stride),
         "mix_rows: values"
     );
     assert!(out.len() >= nq * d, "mix_rows: output");
@@ -704,6 +756,7 @@ pub fn mix_rows(
     let f = match vals {
         KvSlice::F32(_) => v.mix,
         KvSlice::F16(_) => v.mix_f16,
+        KvSlice::Q8_0(_) => v.mix_q8,
     };
     // SAFETY: the extents were asserted above; the table's functions run on this CPU.
     unsafe {

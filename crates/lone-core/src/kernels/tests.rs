@@ -207,7 +207,9 @@ fn simd_exp_is_within_a_few_ulp() {
         let f = vec_fns(isa);
         let xs: Vec<f32> = (0..20011)
             .map(|i| -87.0 + 175.0 * i as f32 / 20010.0)
-            .chain([0.0, -0.0, 1e-8, -1e-8, 0.5, -0.5, 80.0, -80.0])
+            .chain([
+                0.0, -0.0, 1e-8, -1e-8, 0.5, -0.5, 80.0, -80.0, 88.5, 88.7, -87.3,
+            ])
             .collect();
         for len in [xs.len(), 1, 7, 17] {
             let mut y = xs[..len].to_vec();
@@ -325,7 +327,7 @@ fn dot_rows_and_mix_rows_match_the_reference() {
                     let a = MatArgs {
                         dtype,
                         w: view.ptr(),
-                        w_stride: view.elem_bytes() * stride,
+                        w_stride: view.stride_bytes(stride),
                         rows: nk,
                         x: q[g0 * d..].as_ptr() as *const u8,
                         x_stride: 4 * d,
@@ -412,6 +414,76 @@ fn auto_mode_is_8bit_decode_and_exact_prefill_on_avx2() {
                 assert_eq!(run(auto), want, "{isa:?} {dtype} n={n}");
                 if eight_bit && n < GEMM_MIN_ROWS {
                     assert_ne!(run(exact), want, "{isa:?} {dtype}: 8-bit and exact differ");
+                }
+            }
+        }
+    }
+}
+
+/// `dot_rows` / `mix_rows` over Q8_0 rows (whole blocks) against f64 loops over the
+/// dequantized values, every family.
+#[test]
+fn q8_0_attention_rows_match_the_reference() {
+    let mut rng = Rng(37);
+    for (nq, nk, d, stride) in [
+        (1, 1, 32, 32),
+        (3, 17, 64, 96),
+        (7, 40, 64, 128),
+        (5, 9, 96, 96),
+        (2, 33, 128, 256),
+    ] {
+        let q: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+        let raw: Vec<f32> = (0..(nk - 1) * stride + d.max(stride))
+            .map(|_| rng.f32())
+            .collect();
+        let mut bytes = vec![0u8; raw.len() / 32 * 34];
+        quantize_row(DType::Q8_0, &raw, &mut bytes).unwrap();
+        let mut vals = vec![0f32; raw.len()];
+        dequantize_row(DType::Q8_0, &bytes, &mut vals).unwrap();
+        let view = KvSlice::Q8_0(&bytes);
+        let mut s = vec![f32::NAN; nq * nk];
+        dot_rows(&q, nq, view, stride, nk, d, &mut s);
+        for g in 0..nq {
+            for j in 0..nk {
+                let terms = (0..d).map(|i| q[g * d + i] as f64 * vals[j * stride + i] as f64);
+                let want: f64 = terms.clone().sum();
+                let mag: f64 = terms.map(f64::abs).sum();
+                let got = s[g * nk + j] as f64;
+                assert!(
+                    (got - want).abs() <= (d as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                    "q8 dot_rows {nq}x{nk}x{d}: {got} vs {want}"
+                );
+            }
+        }
+        let p_stride = nk + 3;
+        let p: Vec<f32> = (0..(nq - 1) * p_stride + nk).map(|_| rng.f32()).collect();
+        let base: Vec<f32> = (0..nq * d).map(|_| rng.f32()).collect();
+        for isa in Isa::available() {
+            let mut out = base.clone();
+            // SAFETY: the extents match mix_rows' contract; `isa` is available.
+            unsafe {
+                (vec_fns(isa).mix_q8)(
+                    p.as_ptr(),
+                    p_stride,
+                    nq,
+                    bytes.as_ptr(),
+                    stride,
+                    nk,
+                    d,
+                    out.as_mut_ptr(),
+                )
+            };
+            for g in 0..nq {
+                for i in 0..d {
+                    let terms =
+                        (0..nk).map(|j| p[g * p_stride + j] as f64 * vals[j * stride + i] as f64);
+                    let want = base[g * d + i] as f64 + terms.clone().sum::<f64>();
+                    let mag = (base[g * d + i] as f64).abs() + terms.map(f64::abs).sum::<f64>();
+                    let got = out[g * d + i] as f64;
+                    assert!(
+                        (got - want).abs() <= (nk as f64 + 4.0) * f32::EPSILON as f64 * mag + 1e-30,
+                        "{isa:?} q8 mix {nq}x{nk}x{d} g={g} i={i}: {got} vs {want}"
+                    );
                 }
             }
         }

@@ -2009,6 +2009,63 @@ unsafe fn exp16(x: __m512) -> __m512 {
 }
 
 /// `x[i] = e^x[i]` over `n` f32 (AVX-512; [`exp16`], masked tail).
+/// `e^x` on 8 lanes, the AVX2 form of [`exp16`]: the same range reduction and polynomial,
+/// then `2^n` built from exponent bits in two halves (each within the normal range, so
+/// `n = 128` near the top of the range does not overflow early).
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.336_54)),
+        _mm256_set1_ps(88.722_83),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(core::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let c = [
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+    let mut p = _mm256_set1_ps(c[0]);
+    for &ci in &c[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ci));
+    }
+    let ni = _mm256_cvtps_epi32(n);
+    let n1 = _mm256_srai_epi32(ni, 1);
+    let n2 = _mm256_sub_epi32(ni, n1);
+    let pow2 = |k: __m256i| {
+        _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(k, _mm256_set1_epi32(127)),
+            23,
+        ))
+    };
+    _mm256_mul_ps(_mm256_mul_ps(p, pow2(n1)), pow2(n2))
+}
+
+/// `x[i] = e^x[i]` for `n` f32 (AVX2).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exp_avx2(x: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(x.add(i), exp8(_mm256_loadu_ps(x.add(i))));
+        i += 8;
+    }
+    if i < n {
+        let mut t = [0f32; 8];
+        core::ptr::copy_nonoverlapping(x.add(i), t.as_mut_ptr(), n - i);
+        _mm256_storeu_ps(t.as_mut_ptr(), exp8(_mm256_loadu_ps(t.as_ptr())));
+        core::ptr::copy_nonoverlapping(t.as_ptr(), x.add(i), n - i);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn exp_avx512(x: *mut f32, n: usize) {
     let mut i = 0;
@@ -2144,6 +2201,71 @@ unsafe fn mix_v<V: F32V, W: FloatW, const G: usize>(
             }
             *out.add(g * d + i) += a;
         }
+    }
+}
+
+/// [`mix_v`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
+/// the weight times the block's scale, FMA'd with the widened quants; up to 4 weight rows
+/// share each value block.
+#[inline(always)]
+unsafe fn mix_q8_v<const G: usize>(
+    p: *const f32,
+    p_stride: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let rs = stride / 32 * 34;
+    for c in 0..d / 32 {
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        for j in 0..nk {
+            let blk = vals.add(j * rs + c * 34);
+            let dq = f16_at(blk);
+            let q: [__m256; 4] = core::array::from_fn(|u| {
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    blk.add(2 + 8 * u) as *const __m128i
+                )))
+            });
+            for g in 0..G {
+                let w = _mm256_set1_ps(*p.add(g * p_stride + j) * dq);
+                for u in 0..4 {
+                    acc[g][u] = _mm256_fmadd_ps(w, q[u], acc[g][u]);
+                }
+            }
+        }
+        for g in 0..G {
+            for u in 0..4 {
+                let o = out.add(g * d + 32 * c + 8 * u);
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[g][u]));
+            }
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mix_q8_rows(
+    p: *const f32,
+    p_stride: usize,
+    nq: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut g0 = 0;
+    while g0 < nq {
+        let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
+        match nq - g0 {
+            1 => mix_q8_v::<1>(pp, p_stride, vals, stride, nk, d, oo),
+            2 => mix_q8_v::<2>(pp, p_stride, vals, stride, nk, d, oo),
+            3 => mix_q8_v::<3>(pp, p_stride, vals, stride, nk, d, oo),
+            _ => mix_q8_v::<4>(pp, p_stride, vals, stride, nk, d, oo),
+        }
+        g0 += 4;
     }
 }
 
@@ -2293,6 +2415,20 @@ macro_rules! level {
                 out: *mut f32,
             ) {
                 mix_rows::<$V, WF16>(p, p_stride, nq, vals, stride, nk, d, out)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix_q8(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const u8,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_q8_rows(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {

@@ -138,6 +138,21 @@ impl Model {
         })
     }
 
+    /// Choose how [`Model::new_cache`] stores keys and values; Q8_0 needs a head_dim that
+    /// is a multiple of 32.
+    pub fn set_kv_type(&mut self, t: KvType) -> Result<()> {
+        if !t.supports(self.cfg.head_dim) {
+            return Err(Error::Unsupported(format!(
+                "a {} KV cache needs a head_dim that is a multiple of 32, this model's is {}: \
+                 use --cache-type f16 or f32",
+                t.name(),
+                self.cfg.head_dim
+            )));
+        }
+        self.kv_type = t;
+        Ok(())
+    }
+
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
         SeqCache::with_kv_type(&self.cfg, DEFAULT_ROLLBACK, self.kv_type)

@@ -58,7 +58,7 @@ pub fn load_model(path: &Path, threads: Option<usize>) -> Result<Model> {
     }
     let mut m =
         Model::load(path).with_context(|| format!("cannot load model {}", path.display()))?;
-    m.kv_type = cache_type();
+    m.set_kv_type(cache_type())?;
     Ok(m)
 }
 
