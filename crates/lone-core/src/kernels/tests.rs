@@ -386,10 +386,10 @@ fn dot_rows_and_mix_rows_match_the_reference() {
     }
 }
 
-/// `Mode::Auto`: on AVX2, quantized formats with 8-bit kernels take them for few activation
+/// `Mode::Auto`: on x86, quantized formats with 8-bit kernels take them for few activation
 /// rows (decode) and the exact f32 GEMM for many (prefill); everything else is exact.
 #[test]
-fn auto_mode_is_8bit_decode_and_exact_prefill_on_avx2() {
+fn auto_mode_is_8bit_decode_and_exact_prefill_on_x86() {
     let mut rng = Rng(0x51f1_5eed);
     for isa in Isa::available() {
         for dtype in FORMATS {
@@ -398,7 +398,8 @@ fn auto_mode_is_8bit_decode_and_exact_prefill_on_avx2() {
             let k = 2 * dtype.block_size().max(64);
             let m = 19;
             let w = Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
-            let eight_bit = isa == Isa::Avx2 && act_format(dtype).is_some();
+            let eight_bit =
+                matches!(isa, Isa::Avx2 | Isa::Avx512) && matches!(fast.act, Act::Quant(_));
             for n in [1, 3, GEMM_MIN_ROWS + 4] {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
                 let run = |kern: Kernel| {
