@@ -68,9 +68,9 @@ pub enum Mode {
     /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
     Exact = 1,
     /// The default: on x86 (AVX2, AVX-512), prompt processing (many rows: the f32 GEMM) is
-    /// exact and the matrix-vector products of quantized weights (decode: fewer than 16 rows)
-    /// take fast mode's kernels — 8-bit activations, except where the exact table-lookup
-    /// kernels are the faster ones (AVX-512 Q4_0/Q4_1/Q5_0/Q5_1). `Model::forward` then
+    /// exact and the matrix-vector products of Q8_0 and K-quant weights (decode: fewer than
+    /// 16 rows) take fast mode's 8-bit kernels (the 4/5-bit legacy formats stay exact: see
+    /// `auto_8bit`). `Model::forward` then
     /// recomputes each row's top output logits exactly, so the token picked is the exact
     /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
     /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. Elsewhere (scalar,
@@ -782,10 +782,23 @@ unsafe fn exp_scalar(x: *mut f32, n: usize) {
     x.iter_mut().for_each(|v| *v = v.exp());
 }
 
-/// [`Mode::Auto`]'s kernel: on x86, fast mode's 8-bit matrix-vector kernel of a quantized
-/// format with the exact f32 GEMM for many rows; elsewhere the exact kernel.
-fn auto_kernel(isa: Isa, fast: Kernel, exact: Kernel) -> Kernel {
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && matches!(fast.act, Act::Quant(_)) {
+/// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
+/// of `isa`: x86, formats with 8-bit kernels, except the 4/5-bit legacy formats (Q4_0, Q4_1,
+/// Q5_0, Q5_1), which stay on the exact kernels — on AVX-512 those are the faster ones; on
+/// AVX2 the 8-bit ones are ~10 % faster at decode, but they flip SmolLM2 Q4_1's answer
+/// whenever the last prompt token is decoded on its own (chat and serve prefill the prompt
+/// up to its last token, then decode that one), and the exact ones keep every front end's
+/// first token the exact one.
+fn auto_8bit(isa: Isa, dtype: DType) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && act_format(dtype).is_some()
+        && !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+}
+
+/// [`Mode::Auto`]'s kernel: where [`auto_8bit`], fast mode's matrix-vector kernel with the
+/// exact f32 GEMM for many rows; elsewhere the exact kernel.
+fn auto_kernel(isa: Isa, dtype: DType, fast: Kernel, exact: Kernel) -> Kernel {
+    if auto_8bit(isa, dtype) {
         Kernel {
             gemm: exact.gemm,
             igemm: false,
@@ -810,7 +823,7 @@ fn active() -> &'static Active {
             .iter()
             .map(|&d| {
                 let (fast, exact) = (kernel(isa, d, false), kernel(isa, d, true));
-                [fast, exact, auto_kernel(isa, fast, exact)]
+                [fast, exact, auto_kernel(isa, d, fast, exact)]
             })
             .collect();
         Active {

@@ -394,12 +394,15 @@ fn auto_mode_is_8bit_decode_and_exact_prefill_on_x86() {
     for isa in Isa::available() {
         for dtype in FORMATS {
             let (fast, exact) = (kernel(isa, dtype, false), kernel(isa, dtype, true));
-            let auto = auto_kernel(isa, fast, exact);
+            let auto = auto_kernel(isa, dtype, fast, exact);
             let k = 2 * dtype.block_size().max(64);
             let m = 19;
             let w = Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
-            let eight_bit =
-                matches!(isa, Isa::Avx2 | Isa::Avx512) && matches!(fast.act, Act::Quant(_));
+            let eight_bit = auto_8bit(isa, dtype);
+            assert!(
+                !eight_bit || matches!(fast.act, Act::Quant(_)),
+                "{isa:?} {dtype}"
+            );
             for n in [1, 3, GEMM_MIN_ROWS + 4] {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
                 let run = |kern: Kernel| {
