@@ -30,6 +30,18 @@ use core::arch::x86_64::*;
 use super::{GemmArgs, MatArgs};
 use crate::quant::reference_blocks as rb;
 
+/// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
+macro_rules! by_nx {
+    ($a:expr, $f:ident $(, $g:ty)*) => {
+        match $a.nx {
+            1 => $f::<$($g,)* 1>($a),
+            2 => $f::<$($g,)* 2>($a),
+            3 => $f::<$($g,)* 3>($a),
+            _ => $f::<$($g,)* 4>($a),
+        }
+    };
+}
+
 // ------------------------------------------------------------------ f32 vectors
 
 pub(super) trait F32V: Copy {
@@ -269,12 +281,7 @@ unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
-    match a.nx {
-        1 => float_rows_n::<V, W, 1>(a),
-        2 => float_rows_n::<V, W, 2>(a),
-        3 => float_rows_n::<V, W, 3>(a),
-        _ => float_rows_n::<V, W, 4>(a),
-    }
+    by_nx!(a, float_rows_n, V, W)
 }
 
 // ------------------------------------------------------------------ exact quantized weights
@@ -378,12 +385,7 @@ unsafe fn exact_legacy8<W: LegacyW>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
-    match a.nx {
-        1 => exact_legacy_rows_n::<V, W, 1>(a),
-        2 => exact_legacy_rows_n::<V, W, 2>(a),
-        3 => exact_legacy_rows_n::<V, W, 3>(a),
-        _ => exact_legacy_rows_n::<V, W, 4>(a),
-    }
+    by_nx!(a, exact_legacy_rows_n, V, W)
 }
 
 // ------------------------------------------------------------------ exact K-quants
@@ -562,12 +564,7 @@ unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_k_rows<V: F32V, W: KExactW>(a: &MatArgs) {
-    match a.nx {
-        1 => exact_k_rows_n::<V, W, 1>(a),
-        2 => exact_k_rows_n::<V, W, 2>(a),
-        3 => exact_k_rows_n::<V, W, 3>(a),
-        _ => exact_k_rows_n::<V, W, 4>(a),
-    }
+    by_nx!(a, exact_k_rows_n, V, W)
 }
 
 /// How far ahead (bytes) the exact kernels prefetch the weight stream (LFM2-350M decode on the
@@ -637,12 +634,7 @@ unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_q4k_lut(a: &MatArgs) {
-    match a.nx {
-        1 => exact_q4k_lut_n::<1>(a),
-        2 => exact_q4k_lut_n::<2>(a),
-        3 => exact_q4k_lut_n::<3>(a),
-        _ => exact_q4k_lut_n::<4>(a),
-    }
+    by_nx!(a, exact_q4k_lut_n)
 }
 
 /// A 32-element block's bit-exact weights, as two 16-lane registers, for the AVX-512 exact
@@ -799,12 +791,7 @@ unsafe fn exact_leg512_n<W: Leg512, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_leg512<W: Leg512>(a: &MatArgs) {
-    match a.nx {
-        1 => exact_leg512_n::<W, 1>(a),
-        2 => exact_leg512_n::<W, 2>(a),
-        3 => exact_leg512_n::<W, 3>(a),
-        _ => exact_leg512_n::<W, 4>(a),
-    }
+    by_nx!(a, exact_leg512_n, W)
 }
 
 /// AVX-512 exact Q6_K: the quants are unpacked to bytes in registers (32 at a time, as the
@@ -889,12 +876,7 @@ unsafe fn exact_q6k_512_n<const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_q6k_512(a: &MatArgs) {
-    match a.nx {
-        1 => exact_q6k_512_n::<1>(a),
-        2 => exact_q6k_512_n::<2>(a),
-        3 => exact_q6k_512_n::<3>(a),
-        _ => exact_q6k_512_n::<4>(a),
-    }
+    by_nx!(a, exact_q6k_512_n)
 }
 
 /// AVX-512 exact Q5_K, as [`exact_q4k_lut_n`] with two tables per sub-block (q = 0..32,
@@ -967,12 +949,7 @@ unsafe fn exact_q5k_lut_n<const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_q5k_lut(a: &MatArgs) {
-    match a.nx {
-        1 => exact_q5k_lut_n::<1>(a),
-        2 => exact_q5k_lut_n::<2>(a),
-        3 => exact_q5k_lut_n::<3>(a),
-        _ => exact_q5k_lut_n::<4>(a),
-    }
+    by_nx!(a, exact_q5k_lut_n)
 }
 
 /// AVX2 exact Q4_K straight from the packed bytes: 8 zero-extended `qs` bytes at a time give
@@ -1027,12 +1004,7 @@ unsafe fn exact_q4k_v8_n<const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn exact_q4k_v8(a: &MatArgs) {
-    match a.nx {
-        1 => exact_q4k_v8_n::<1>(a),
-        2 => exact_q4k_v8_n::<2>(a),
-        3 => exact_q4k_v8_n::<3>(a),
-        _ => exact_q4k_v8_n::<4>(a),
-    }
+    by_nx!(a, exact_q4k_v8_n)
 }
 
 // ------------------------------------------------------------------ integer dot products
@@ -1510,12 +1482,7 @@ unsafe fn fac_legacy_rows_n<W: FacW, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn fac_legacy<W: FacW>(a: &MatArgs) {
-    match a.nx {
-        1 => fac_legacy_rows_n::<W, 1>(a),
-        2 => fac_legacy_rows_n::<W, 2>(a),
-        3 => fac_legacy_rows_n::<W, 3>(a),
-        _ => fac_legacy_rows_n::<W, 4>(a),
-    }
+    by_nx!(a, fac_legacy_rows_n, W)
 }
 
 /// Q4_K / Q5_K, factored: per sub-block of 32, `d·sc·Σ q·x − dmin·m·Σ x` (the reference's
@@ -1588,12 +1555,7 @@ unsafe fn fac_k45_rows_n<const FIVE: bool, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn fac_k45<const FIVE: bool>(a: &MatArgs) {
-    match a.nx {
-        1 => fac_k45_rows_n::<FIVE, 1>(a),
-        2 => fac_k45_rows_n::<FIVE, 2>(a),
-        3 => fac_k45_rows_n::<FIVE, 3>(a),
-        _ => fac_k45_rows_n::<FIVE, 4>(a),
-    }
+    by_nx!(a, fac_k45_rows_n, FIVE)
 }
 
 /// Q6_K, factored: the super-block's signed quants decoded to bytes once ([`XQ6K`]), then per
@@ -1640,12 +1602,7 @@ unsafe fn fac_q6k_rows_n<const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn fac_q6k(a: &MatArgs) {
-    match a.nx {
-        1 => fac_q6k_rows_n::<1>(a),
-        2 => fac_q6k_rows_n::<2>(a),
-        3 => fac_q6k_rows_n::<3>(a),
-        _ => fac_q6k_rows_n::<4>(a),
-    }
+    by_nx!(a, fac_q6k_rows_n)
 }
 
 // ------------------------------------------------------------------ K-quants × Q8_K
@@ -1762,12 +1719,7 @@ unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn q45k_rows<D: IDot, const FIVE: bool>(a: &MatArgs) {
-    match a.nx {
-        1 => q45k_rows_n::<D, FIVE, 1>(a),
-        2 => q45k_rows_n::<D, FIVE, 2>(a),
-        3 => q45k_rows_n::<D, FIVE, 3>(a),
-        _ => q45k_rows_n::<D, FIVE, 4>(a),
-    }
+    by_nx!(a, q45k_rows_n, D, FIVE)
 }
 
 /// Q6_K (210 bytes: ql[128], qh[64], scales:[i8;16], d).
@@ -1843,12 +1795,7 @@ unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn q6k_rows<D: IDot>(a: &MatArgs) {
-    match a.nx {
-        1 => q6k_rows_n::<D, 1>(a),
-        2 => q6k_rows_n::<D, 2>(a),
-        3 => q6k_rows_n::<D, 3>(a),
-        _ => q6k_rows_n::<D, 4>(a),
-    }
+    by_nx!(a, q6k_rows_n, D)
 }
 
 // ------------------------------------------------------------------ f32 GEMM (exact, many rows)
@@ -1980,6 +1927,19 @@ pub(super) unsafe fn write_acc512<const R: usize, const NV: usize>(
 /// e^x for 16 lanes: x = n·ln2 + r (|r| ≤ ln2/2, two-part ln2), e^r by its degree-7 Taylor
 /// polynomial (truncation error < 1e-8 relative), times 2^n by `vscalefps`. Inputs are clamped
 /// to [-87.3, 88.7] (e^-87.3 ≈ 1.2e-38: what underflows becomes that, not 0).
+/// `e^r` on |r| ≤ ln2/2: Horner coefficients, highest degree first (shared by [`exp16`] and
+/// [`exp8`]).
+const EXP_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 #[inline(always)]
 unsafe fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(
@@ -1991,16 +1951,7 @@ unsafe fn exp16(x: __m512) -> __m512 {
     );
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let c = [
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ];
+    let c = EXP_POLY;
     let mut p = _mm512_set1_ps(c[0]);
     for &ci in &c[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
@@ -2008,7 +1959,6 @@ unsafe fn exp16(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
-/// `x[i] = e^x[i]` over `n` f32 (AVX-512; [`exp16`], masked tail).
 /// `e^x` on 8 lanes, the AVX2 form of [`exp16`]: the same range reduction and polynomial,
 /// then `2^n` built from exponent bits in two halves (each within the normal range, so
 /// `n = 128` near the top of the range does not overflow early).
@@ -2024,16 +1974,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
     ));
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let c = [
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ];
+    let c = EXP_POLY;
     let mut p = _mm256_set1_ps(c[0]);
     for &ci in &c[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ci));
@@ -2066,6 +2007,7 @@ pub(crate) unsafe fn exp_avx2(x: *mut f32, n: usize) {
     }
 }
 
+/// `x[i] = e^x[i]` over `n` f32 (AVX-512; [`exp16`], masked tail).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn exp_avx512(x: *mut f32, n: usize) {
     let mut i = 0;
