@@ -97,7 +97,21 @@ fn fast_flag_selects_fast_mode() {
                 }),
         "{auto:?}"
     );
-    let exact = bench_lines(&["--exact", "--model", m, "-p", "16", "-n", "0", "-r", "1"]);
+    assert!(auto.iter().all(|v| v["cache_type"] == "f16"), "{auto:?}");
+    let exact = bench_lines(&[
+        "--exact",
+        "--cache-type",
+        "f32",
+        "--model",
+        m,
+        "-p",
+        "16",
+        "-n",
+        "0",
+        "-r",
+        "1",
+    ]);
+    assert!(exact.iter().all(|v| v["cache_type"] == "f32"), "{exact:?}");
     assert!(
         !exact.is_empty() && exact.iter().all(|v| v["mode"] == "exact"),
         "{exact:?}"

@@ -105,6 +105,7 @@ impl Info {
             "backend": "CPU",
             "isa": lone_core::kernels::isa().name(),
             "mode": lone_core::kernels::mode().resolved(),
+            "cache_type": crate::cmd::common::cache_type().name(),
             "cpu": self.cpu,
             "threads": self.threads,
         })
