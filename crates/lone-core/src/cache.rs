@@ -44,15 +44,6 @@ impl KvType {
         }
     }
 
-    /// The storage format as a tensor type (the kernels' view of the rows).
-    pub fn dtype(self) -> DType {
-        match self {
-            KvType::F32 => DType::F32,
-            KvType::F16 => DType::F16,
-            KvType::Q8_0 => DType::Q8_0,
-        }
-    }
-
     /// Whether heads of `head_dim` can be stored (Q8_0: whole blocks of 32 per head).
     pub fn supports(self, head_dim: usize) -> bool {
         self != KvType::Q8_0 || head_dim.is_multiple_of(32)
@@ -102,14 +93,6 @@ impl KvRows {
                 data: vec![0; rows * KvType::Q8_0.row_bytes(dim)],
                 dim,
             },
-        }
-    }
-
-    pub fn kv_type(&self) -> KvType {
-        match self {
-            KvRows::F32 { .. } => KvType::F32,
-            KvRows::F16 { .. } => KvType::F16,
-            KvRows::Q8_0 { .. } => KvType::Q8_0,
         }
     }
 
@@ -204,11 +187,6 @@ impl KvRows {
             KvRows::Q8_0 { data, .. } => KvSlice::Q8_0(&data[first / 32 * 34..]),
         }
     }
-
-    /// Bytes held (capacity not counted).
-    pub fn bytes(&self) -> usize {
-        self.rows() * self.kv_type().row_bytes(self.dim())
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -289,19 +267,6 @@ impl SeqCache {
             tokens: Vec::new(),
             rollback,
         }
-    }
-
-    /// Bytes of keys and values held (conv state not counted).
-    pub fn kv_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerCache::Attention { k, v } | LayerCache::SlidingRing { k, v, .. } => {
-                    k.bytes() + v.bytes()
-                }
-                LayerCache::Conv { .. } => 0,
-            })
-            .sum()
     }
 
     /// Positions held.

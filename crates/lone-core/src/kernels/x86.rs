@@ -2186,35 +2186,55 @@ unsafe fn mix_q8_v<const G: usize>(
     }
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn mix_q8_rows(
-    p: *const f32,
-    p_stride: usize,
-    nq: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut g0 = 0;
-    while g0 < nq {
-        let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
-        match nq - g0 {
-            1 => mix_q8_v::<1>(pp, p_stride, vals, stride, nk, d, oo),
-            2 => mix_q8_v::<2>(pp, p_stride, vals, stride, nk, d, oo),
-            3 => mix_q8_v::<3>(pp, p_stride, vals, stride, nk, d, oo),
-            _ => mix_q8_v::<4>(pp, p_stride, vals, stride, nk, d, oo),
-        }
-        g0 += 4;
+/// A weighted sum of value rows for `G` weight rows at once ([`mix_v`], [`mix_q8_v`]).
+pub(super) trait MixG {
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    );
+}
+/// Float value rows loaded as `W`, `V` lanes at a time.
+pub(super) struct MixFloat<V, W>(core::marker::PhantomData<(V, W)>);
+/// Q8_0 value rows.
+pub(super) struct MixQ8;
+impl<V: F32V, W: FloatW> MixG for MixFloat<V, W> {
+    #[inline(always)]
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        mix_v::<V, W, G>(p, p_stride, vals, stride, nk, d, out)
+    }
+}
+impl MixG for MixQ8 {
+    #[inline(always)]
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        mix_q8_v::<G>(p, p_stride, vals, stride, nk, d, out)
     }
 }
 
-/// [`mix_v`] for any number of weight rows, 4 at a time.
+/// [`MixG`] for any number of weight rows, 4 at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mix_rows<V: F32V, W: FloatW>(
+unsafe fn mix_rows<M: MixG>(
     p: *const f32,
     p_stride: usize,
     nq: usize,
@@ -2228,10 +2248,10 @@ unsafe fn mix_rows<V: F32V, W: FloatW>(
     while g0 < nq {
         let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
         match nq - g0 {
-            1 => mix_v::<V, W, 1>(pp, p_stride, vals, stride, nk, d, oo),
-            2 => mix_v::<V, W, 2>(pp, p_stride, vals, stride, nk, d, oo),
-            3 => mix_v::<V, W, 3>(pp, p_stride, vals, stride, nk, d, oo),
-            _ => mix_v::<V, W, 4>(pp, p_stride, vals, stride, nk, d, oo),
+            1 => M::mix::<1>(pp, p_stride, vals, stride, nk, d, oo),
+            2 => M::mix::<2>(pp, p_stride, vals, stride, nk, d, oo),
+            3 => M::mix::<3>(pp, p_stride, vals, stride, nk, d, oo),
+            _ => M::mix::<4>(pp, p_stride, vals, stride, nk, d, oo),
         }
         g0 += 4;
     }
@@ -2342,7 +2362,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<$V, WF32>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_rows::<MixFloat<$V, WF32>>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
@@ -2356,7 +2376,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<$V, WF16>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_rows::<MixFloat<$V, WF16>>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
@@ -2370,7 +2390,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_q8_rows(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_rows::<MixQ8>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {

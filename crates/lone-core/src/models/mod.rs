@@ -231,7 +231,7 @@ impl Model {
         }
         self.final_norm.forward(&mut xs);
         out.logits = self.lm_head.forward(&xs, sel.len());
-        // Mode::Auto on 8-bit kernels (AVX2-only CPUs): the head ran on them too; each row's
+        // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
         // top candidates are computed again exactly, so the token picked (and the top of a
         // sampled distribution) is the exact head's.
         if crate::kernels::mode() == crate::kernels::Mode::Auto && !crate::kernels::exact() {
