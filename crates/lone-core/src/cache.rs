@@ -215,6 +215,9 @@ pub struct SeqCache {
     /// The tokens whose state the cache holds, in position order.
     tokens: Vec<u32>,
     rollback: usize,
+    /// The draft model's cache for the same sequence (speculative decoding), created by the
+    /// draft proposer; it holds a prefix of this sequence's tokens and is rolled back with it.
+    pub draft: Option<Box<SeqCache>>,
 }
 
 impl SeqCache {
@@ -266,6 +269,7 @@ impl SeqCache {
             layers,
             tokens: Vec::new(),
             rollback,
+            draft: None,
         }
     }
 
@@ -297,8 +301,37 @@ impl SeqCache {
         self.tokens.extend_from_slice(tokens);
     }
 
-    /// Forget everything.
+    /// How many positions ring and conv layers can be rolled back.
+    pub fn rollback(&self) -> usize {
+        self.rollback
+    }
+
+    /// The reuse rule for a sequence continuing with `tokens`: keep the longest common prefix
+    /// of the cached tokens and `tokens`, at most `max` positions, rolling back (or, past the
+    /// rollback window, clearing). Returns the positions kept.
+    pub fn reuse(&mut self, tokens: &[u32], max: usize) -> usize {
+        let keep = self.common_prefix(tokens).min(max);
+        if !self.truncate(keep) {
+            self.clear();
+        }
+        self.len()
+    }
+
+    /// What [`reuse`](Self::reuse) would keep, without changing anything.
+    pub fn reusable(&self, tokens: &[u32], max: usize) -> usize {
+        let keep = self.common_prefix(tokens).min(max);
+        if self.can_truncate(keep) {
+            keep
+        } else {
+            0
+        }
+    }
+
+    /// Forget everything (the draft cache too).
     pub fn clear(&mut self) {
+        if let Some(d) = &mut self.draft {
+            d.clear();
+        }
         self.tokens.clear();
         for l in &mut self.layers {
             if let LayerCache::Attention { k, v } = l {

@@ -1,17 +1,22 @@
-//! The generation loop around `Model::forward` and a sampler: prefill the prompt, then
-//! decode one token at a time until EOS, a stop condition or the token budget.
+//! One sequence through the generation core: [`generate`] is the one-slot case of the
+//! [`Scheduler`] the server runs (prefill the prompt, then decode, speculatively when asked,
+//! until EOS, a stop string, the caller, the token budget or the context).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cache::SeqCache;
+pub use crate::engine::FinishReason;
+use crate::engine::{Event, GenRequest, Scheduler, SpecParams, SpecStats, Speculator};
 use crate::error::{Error, Result};
 use crate::models::{Batch, Model};
 use crate::sampler::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Largest number of prompt rows in one forward pass (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     /// Token ids that end generation (not included in the output).
@@ -19,23 +24,12 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Keep the logits of every prompt position and every step (for `--dump-logits`).
     pub keep_logits: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An EOS token (or the caller) stopped generation.
-    Stop,
-    /// The token budget or the context ran out.
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
+    /// Stop strings (need a tokenizer: see [`generate_text`]).
+    pub stop: Vec<String>,
+    /// Speculative decoding: the proposers and the draft model.
+    pub spec: Option<Arc<Speculator>>,
+    /// Override of the speculator's settings for this generation.
+    pub spec_params: Option<SpecParams>,
 }
 
 #[derive(Clone, Debug)]
@@ -44,6 +38,8 @@ pub struct Generation {
     /// Prompt tokens actually run through the model (fewer if the cache held a prefix).
     pub prefilled_tokens: usize,
     pub tokens: Vec<u32>,
+    /// The generated text (with a tokenizer), cut before a stop string.
+    pub text: String,
     pub finish: FinishReason,
     /// Time from the start of prefill to the first sampled token.
     pub prefill_time: Duration,
@@ -51,6 +47,8 @@ pub struct Generation {
     pub decode_time: Duration,
     /// `[rows, vocab]` logits when `keep_logits` was set.
     pub logits: Vec<f32>,
+    /// Drafted / accepted tokens and decode passes.
+    pub spec: SpecStats,
 }
 
 impl Generation {
@@ -61,6 +59,14 @@ impl Generation {
     pub fn decode_tok_s(&self) -> f64 {
         let n = self.tokens.len().saturating_sub(1);
         n as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+    /// Share of drafted tokens accepted (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        self.spec.accepted as f64 / self.spec.drafted.max(1) as f64
+    }
+    /// Tokens emitted per decode pass (1 without speculation).
+    pub fn tokens_per_pass(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.spec.passes.max(1) as f64
     }
 }
 
@@ -87,8 +93,8 @@ pub fn prefill(
     Ok(out)
 }
 
-/// Generate after `prompt`. `cache` may already hold a prefix of `prompt` (chat reuse):
-/// only the rest is prefilled. `on_token` sees each new token and returns false to stop.
+/// Generate after `prompt` without text: [`generate_text`] with no tokenizer, `on_token`
+/// seeing each new token (false stops).
 pub fn generate(
     model: &Model,
     cache: &mut SeqCache,
@@ -96,6 +102,24 @@ pub fn generate(
     opts: &GenerateOptions,
     sampler: &mut Sampler,
     mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
+    generate_text(model, cache, prompt, opts, sampler, None, |ev| match ev {
+        Event::Delta { tokens, .. } => tokens.iter().all(|t| on_token(t.id)),
+        _ => true,
+    })
+}
+
+/// Generate after `prompt`. `cache` may already hold a prefix of `prompt` (chat reuse):
+/// only the rest is prefilled. With a tokenizer, `Delta` events carry text and stop strings
+/// apply. `on_event` sees every event and returns false to stop (finish reason `stop`).
+pub fn generate_text(
+    model: &Model,
+    cache: &mut SeqCache,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    tokenizer: Option<&Tokenizer>,
+    mut on_event: impl FnMut(&Event) -> bool,
 ) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(Error::Input(
@@ -109,64 +133,136 @@ pub fn generate(
             prompt.len()
         )));
     }
-    let v = model.cfg.vocab_size;
-    // Reuse the cached prefix, keeping at least one token to prefill for fresh logits.
-    let keep = cache.common_prefix(prompt).min(prompt.len() - 1);
-    if !cache.truncate(keep) {
-        cache.clear();
+    if !opts.stop.is_empty() && tokenizer.is_none() {
+        return Err(Error::Input(
+            "stop strings need the tokenizer (generate_text)".into(),
+        ));
     }
-    let start = cache.len();
+    if opts.max_new_tokens == 0 {
+        // Nothing to sample; still prefill so the cache holds the prompt.
+        let start = cache.reuse(prompt, prompt.len() - 1);
+        let t0 = Instant::now();
+        let logits = prefill(model, cache, &prompt[start..], opts.keep_logits)?;
+        return Ok(Generation {
+            prompt_tokens: prompt.len(),
+            prefilled_tokens: prompt.len() - start,
+            tokens: Vec::new(),
+            text: String::new(),
+            finish: FinishReason::Length,
+            prefill_time: t0.elapsed(),
+            decode_time: Duration::ZERO,
+            logits: if opts.keep_logits { logits } else { Vec::new() },
+            spec: SpecStats::default(),
+        });
+    }
+    let req = GenRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: opts.max_new_tokens,
+        params: sampler.params().clone(),
+        stop: opts.stop.clone(),
+        ignore_eos: opts.ignore_eos,
+        spec: opts.spec_params.clone(),
+        keep_logits: opts.keep_logits,
+        ..Default::default()
+    };
+    let own = std::mem::replace(cache, SeqCache::new(&model.cfg, 0));
+    let mut sched = Scheduler::new(vec![own], ctx, opts.eos_ids.clone(), opts.spec.clone());
+    let res = run_one(
+        model,
+        &mut sched,
+        req,
+        opts,
+        sampler,
+        tokenizer,
+        &mut on_event,
+    );
+    *cache = sched.caches.pop().expect("one cache");
+    res
+}
+
+fn run_one<'t>(
+    model: &Model,
+    sched: &mut Scheduler<'t>,
+    req: GenRequest,
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    tokenizer: Option<&'t Tokenizer>,
+    on_event: &mut dyn FnMut(&Event) -> bool,
+) -> Result<Generation> {
+    let prompt_len = req.prompt.len();
+    let decoder = tokenizer.map(|t| StreamDecoder::new(t, true));
     let t0 = Instant::now();
-    let mut logits = prefill(model, cache, &prompt[start..], opts.keep_logits)?;
-    let mut history: Vec<u32> = prompt.to_vec();
-    let mut kept = Vec::new();
-    let mut last = if opts.keep_logits {
-        kept = logits.clone();
-        logits.split_off(logits.len() - v)
-    } else {
-        logits
-    };
+    let slot = sched
+        .admit(req.clone(), sampler.clone(), decoder)
+        .map_err(|e| Error::Input(e.to_string()))?;
+    let start = sched.cached(slot);
+    // The scheduler keeps the rows it samples from; the earlier prompt rows' logits come
+    // from prefilling them here.
+    let mut logits = Vec::new();
+    if opts.keep_logits {
+        let c = &mut sched.caches[slot];
+        logits = prefill(model, c, &req.prompt[start..prompt_len - 1], true)?;
+    }
+    let mut t_first = None;
     let mut tokens = Vec::new();
-    let mut finish = FinishReason::Length;
-    let mut prefill_time = Duration::ZERO;
-    let mut t_first = t0;
-    while tokens.len() < opts.max_new_tokens && history.len() < ctx {
-        let tok = sampler.sample(&last, &history);
-        if tokens.is_empty() {
-            t_first = Instant::now();
-            prefill_time = t_first - t0;
-        }
-        if !opts.ignore_eos && opts.eos_ids.contains(&tok) {
-            finish = FinishReason::Stop;
+    let mut text = String::new();
+    let mut finish = None;
+    let mut spec = SpecStats::default();
+    let mut stopped = false;
+    while sched.is_active(slot) {
+        sched.step(model, &mut |_, ev| {
+            match &ev {
+                Event::Delta {
+                    tokens: t,
+                    text: piece,
+                    ..
+                } => {
+                    if t_first.is_none() && !t.is_empty() {
+                        t_first = Some(Instant::now());
+                    }
+                    tokens.extend(t.iter().map(|t| t.id));
+                    text.push_str(piece);
+                }
+                Event::Done {
+                    finish: f, spec: s, ..
+                } => {
+                    finish = Some(*f);
+                    spec = *s;
+                }
+                Event::Error { .. } => {}
+            }
+            let go = on_event(&ev);
+            if !go {
+                stopped = true;
+            }
+            go
+        })?;
+        if stopped && sched.is_active(slot) {
+            // The caller stopped: the sequence ends here (held-back text is dropped).
+            finish = Some(FinishReason::Stop);
             break;
-        }
-        tokens.push(tok);
-        history.push(tok);
-        if !on_token(tok) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if tokens.len() >= opts.max_new_tokens || history.len() >= ctx {
-            break;
-        }
-        let batch = Batch::for_sequence(0, cache.len(), &[tok], true);
-        last = model.forward(&batch, std::slice::from_mut(cache))?.logits;
-        if opts.keep_logits {
-            kept.extend_from_slice(&last);
         }
     }
-    let decode_time = if tokens.is_empty() {
-        Duration::ZERO
-    } else {
-        t_first.elapsed()
-    };
+    let seq = sched.cancel(slot).or_else(|| sched.take_finished(slot));
+    if let Some(mut seq) = seq {
+        *sampler = seq.sampler().clone();
+        spec = seq.spec_stats();
+        logits.extend(seq.take_logits());
+    }
+    let t_first = t_first.unwrap_or_else(Instant::now);
     Ok(Generation {
-        prompt_tokens: prompt.len(),
-        prefilled_tokens: prompt.len() - start,
+        prompt_tokens: prompt_len,
+        prefilled_tokens: prompt_len - start,
+        decode_time: if tokens.is_empty() {
+            Duration::ZERO
+        } else {
+            t_first.elapsed()
+        },
+        prefill_time: t_first - t0,
         tokens,
-        finish,
-        prefill_time,
-        decode_time,
-        logits: kept,
+        text,
+        finish: finish.unwrap_or(FinishReason::Stop),
+        logits,
+        spec,
     })
 }

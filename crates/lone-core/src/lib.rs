@@ -5,9 +5,11 @@
 //! - `config` describes a model whatever file it came from,
 //! - `kernels` / `quant` do the arithmetic, knowing nothing of models,
 //! - `nn` holds the shared blocks, `models` the families and the forward pass,
-//! - `cache` the per-sequence caches.
+//! - `cache` the per-sequence caches,
+//! - `engine` the generation core (sequences, scheduler, speculation) every front end drives.
 pub mod cache;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kernels;

@@ -250,6 +250,57 @@ impl Sampler {
         self.draw(best)
     }
 
+    /// Speculative verification of one position: the token the target emits after
+    /// `history` given a drafted `draft` (proposed deterministically: an n-gram match or a
+    /// draft model's greedy pick, i.e. a point-mass proposal q). Returns the token and
+    /// whether it is the draft.
+    ///
+    /// Greedy: the token is [`sample`](Self::sample)'s, accepted when equal to the draft.
+    /// Sampling: the draft is accepted with probability p(draft) (= min(1, p/q) for a point
+    /// mass q), p being the distribution `sample` draws from (bias, penalties, top-k, top-p,
+    /// min-p, temperature); on rejection the token is drawn from norm(max(0, p − q)), i.e.
+    /// p without the draft. So the emitted token is distributed exactly as `sample`'s.
+    /// Without a draft it is `sample`.
+    pub fn verify(&mut self, logits: &[f32], history: &[u32], draft: Option<u32>) -> (u32, bool) {
+        let Some(d) = draft else {
+            return (self.sample(logits, history), false);
+        };
+        let t = self.params.temperature;
+        if t.is_nan() || t <= 0.0 || logits.is_empty() {
+            let tok = self.sample(logits, history);
+            return (tok, tok == d);
+        }
+        self.prepare(logits, history);
+        let best = argmax(&self.logits);
+        let max = self.logits[best as usize];
+        if max.is_infinite() {
+            return (best, best == d);
+        }
+        self.filter();
+        if self.cands.len() <= 1 {
+            let tok = self.cands.first().map_or(best, |c| c.0);
+            return (tok, tok == d);
+        }
+        self.tempered_weights();
+        let total: f64 = self.weights.iter().sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return (best, best == d);
+        }
+        let pos = self.cands.iter().position(|c| c.0 == d);
+        let p_draft = pos.map_or(0.0, |i| self.weights[i] / total);
+        if self.uniform() < p_draft {
+            return (d, true);
+        }
+        if let Some(i) = pos {
+            self.weights[i] = 0.0;
+        }
+        let rest: f64 = self.weights.iter().sum();
+        if rest <= 0.0 || rest.is_nan() {
+            return (d, true);
+        }
+        (self.pick(rest, best), false)
+    }
+
     /// The logits after NaN → -inf, `logit_bias` and penalties (steps 1–2),
     /// e.g. for "processed" logprobs via [`top_logprobs`].
     pub fn processed_logits(&mut self, logits: &[f32], history: &[u32]) -> &[f32] {
@@ -433,6 +484,16 @@ impl Sampler {
 
     /// Steps 6–7: temperature, then a draw from the softmax over `self.cands`.
     fn draw(&mut self, fallback: u32) -> u32 {
+        self.tempered_weights();
+        let total: f64 = self.weights.iter().sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return fallback;
+        }
+        self.pick(total, fallback)
+    }
+
+    /// Step 6: `self.weights[i] = exp((l_i - max) / t)` over `self.cands`.
+    fn tempered_weights(&mut self) {
         let t = self.params.temperature;
         let max = max_logit(&self.cands);
         self.weights.clear();
@@ -441,14 +502,17 @@ impl Sampler {
                 .iter()
                 .map(|&(_, l)| ((l - max) / t).exp() as f64),
         );
-        let total: f64 = self.weights.iter().sum();
-        if !(total > 0.0 && total.is_finite()) {
-            return fallback;
-        }
-        // 53 random bits → [0, 1); done by hand so the stream depends only
-        // on ChaCha8, not on `rand`'s float conversion.
-        let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-        let target = u * total;
+    }
+
+    /// 53 random bits → [0, 1); done by hand so the stream depends only on ChaCha8, not on
+    /// `rand`'s float conversion.
+    fn uniform(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Step 7: a candidate drawn with probability `weights[i] / total`.
+    fn pick(&mut self, total: f64, fallback: u32) -> u32 {
+        let target = self.uniform() * total;
         let mut cum = 0.0;
         let mut last = fallback;
         for (&(id, _), &w) in self.cands.iter().zip(&self.weights) {

@@ -134,6 +134,7 @@ fn truncate_beyond_rollback_is_refused_and_generate_recovers() {
         eos_ids: vec![],
         ignore_eos: true,
         keep_logits: false,
+        ..Default::default()
     };
     let g = generate(
         m,

@@ -341,6 +341,7 @@ fn lone_greedy(prompt: &[u32], max_new_tokens: usize) -> (Vec<u32>, Vec<Vec<f32>
         eos_ids: f.text.eos_ids.clone(),
         ignore_eos: false,
         keep_logits: true,
+        ..Default::default()
     };
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let g = generate(&f.model, &mut cache, prompt, &opts, &mut sampler, |_| true).unwrap();

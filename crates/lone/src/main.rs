@@ -50,8 +50,18 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
 }
 
+/// llama.cpp's multi-letter short flags, spelled as their long forms (clap's short flags are
+/// one letter).
+fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-md") => "--model-draft".into(),
+        _ => a,
+    })
+    .collect()
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_cpp_flags(std::env::args_os()));
     if cli.fast {
         lone_core::kernels::set_exact(false);
     }

@@ -127,6 +127,7 @@ impl Reference {
             eos_ids: self.text.eos_ids.clone(),
             ignore_eos: false,
             keep_logits: false,
+            ..Default::default()
         };
         let mut sampler = Sampler::new(SamplingParams::greedy());
         let g = generate(&self.model, &mut cache, &ids, &opts, &mut sampler, |_| true).unwrap();

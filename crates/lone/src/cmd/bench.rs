@@ -574,7 +574,7 @@ fn suite(model: &Model, text: &TextIo, info: &Info, a: &BenchArgs, out: &mut Out
         max_new_tokens: a.suite_max_tokens,
         eos_ids: text.eos_ids.clone(),
         ignore_eos: false,
-        keep_logits: false,
+        ..Default::default()
     };
     let prompts: Vec<(&str, Vec<u32>)> = bench_suite::prompts()
         .into_iter()

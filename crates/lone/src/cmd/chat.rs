@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lone_core::cache::SeqCache;
-use lone_core::generate::{generate, FinishReason, GenerateOptions};
+use lone_core::engine::Event;
+use lone_core::generate::{generate_text, FinishReason, GenerateOptions};
 use lone_core::sampler::Sampler;
 use lone_core::text::TextIo;
 use lone_core::{Batch, Model};
@@ -47,6 +48,8 @@ pub struct ChatArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: common::SpecArgs,
 }
 
 const HELP: &str = "\
@@ -194,6 +197,8 @@ pub struct TurnStats {
     pub decode_time: Duration,
     pub finish: FinishReason,
     pub interrupted: bool,
+    /// Speculation counters of this turn.
+    pub spec: lone_core::engine::SpecStats,
 }
 
 fn rate(n: usize, t: Duration) -> f64 {
@@ -250,25 +255,27 @@ impl Session {
             });
         }
         let mut reply = Reply::default();
-        let mut stream = self.text.stream();
         let stop = self.stop.clone();
         stop.store(false, Ordering::SeqCst);
         self.generating.store(true, Ordering::SeqCst);
-        let res = generate(
+        let res = generate_text(
             &self.model,
             &mut self.cache,
             &prompt,
             &self.opts,
             &mut self.sampler,
-            |tok| {
-                reply.tokens.push(tok);
-                if let Ok(Some(piece)) = stream.push(tok) {
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                    reply.text.push_str(&piece);
-                    reply
-                        .checkpoints
-                        .push((reply.text.len(), reply.tokens.len()));
+            Some(&self.text.tokenizer),
+            |ev| {
+                if let Event::Delta { text, tokens, .. } = ev {
+                    reply.tokens.extend(tokens.iter().map(|t| t.id));
+                    if !text.is_empty() {
+                        let _ = out.write_all(text.as_bytes());
+                        let _ = out.flush();
+                        reply.text.push_str(text);
+                        reply
+                            .checkpoints
+                            .push((reply.text.len(), reply.tokens.len()));
+                    }
                 }
                 !stop.load(Ordering::SeqCst)
             },
@@ -276,13 +283,6 @@ impl Session {
         self.generating.store(false, Ordering::SeqCst);
         let interrupted = stop.swap(false, Ordering::SeqCst);
         let g = res?;
-        if let Some(rest) = stream.finish()? {
-            let _ = out.write_all(rest.as_bytes());
-            reply.text.push_str(&rest);
-            reply
-                .checkpoints
-                .push((reply.text.len(), reply.tokens.len()));
-        }
         let _ = writeln!(out);
         let _ = out.flush();
         // The last token of a reply cut short (budget, context, Ctrl-C) was sampled but not
@@ -306,6 +306,7 @@ impl Session {
             generated: g.tokens.len(),
             decode_steps: g.tokens.len().saturating_sub(1) + fed,
             decode_time,
+            spec: g.spec,
             finish: g.finish,
             interrupted,
         };
@@ -337,8 +338,18 @@ impl Session {
     }
 
     pub fn stats_line(&self, s: &TurnStats) -> String {
+        let spec = if self.opts.spec.is_some() {
+            format!(
+                " | accepted {}/{} drafts, {:.2} tok/pass",
+                s.spec.accepted,
+                s.spec.drafted,
+                s.generated.saturating_sub(1) as f64 / s.spec.passes.max(1) as f64
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "[prefill {} tok, {:.3} s, {:.1} tok/s | decode {} tok, {:.3} s, {:.1} tok/s | {} | RSS {:.1} MiB]",
+            "[prefill {} tok, {:.3} s, {:.1} tok/s | decode {} tok, {:.3} s, {:.1} tok/s{spec} | {} | RSS {:.1} MiB]",
             s.prefilled,
             s.prefill_time.as_secs_f64(),
             rate(s.prefilled, s.prefill_time),
@@ -446,7 +457,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         eos_ids: text.eos_ids.clone(),
         ignore_eos: a.ignore_eos,
-        keep_logits: false,
+        spec: a.spec.build(&model, &text)?,
+        ..Default::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
     let generating = Arc::new(AtomicBool::new(false));

@@ -120,3 +120,83 @@ impl SamplingArgs {
         }
     }
 }
+
+/// Speculative decoding flags (llama.cpp's names and defaults) shared by run, chat, serve and
+/// bench.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: none, ngram-simple (drafts from the text so far), draft (a draft
+    /// model, --model-draft); comma-separated to combine (ngram-simple is tried first).
+    #[arg(long, default_value = "none", value_name = "TYPES")]
+    pub spec_type: String,
+    /// Draft model for `--spec-type draft` (a smaller or more quantized model with the same
+    /// tokenizer). Giving one turns `draft` on.
+    #[arg(
+        long = "model-draft",
+        visible_alias = "spec-draft-model",
+        value_name = "PATH"
+    )]
+    pub model_draft: Option<PathBuf>,
+    /// Most tokens the draft model drafts per step.
+    #[arg(long, visible_alias = "spec-draft-n-max", default_value_t = 3)]
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified.
+    #[arg(long, visible_alias = "spec-draft-n-min", default_value_t = 0)]
+    pub draft_min: usize,
+    /// The draft model stops drafting when its top token's probability is below this.
+    #[arg(long, visible_alias = "spec-draft-p-min", default_value_t = 0.0)]
+    pub draft_p_min: f32,
+    /// ngram-simple: length of the n-gram looked up in the history.
+    #[arg(long, default_value_t = 12)]
+    pub spec_ngram_simple_size_n: usize,
+    /// ngram-simple: most tokens drafted after a match.
+    #[arg(long, default_value_t = 48)]
+    pub spec_ngram_simple_size_m: usize,
+}
+
+impl SpecArgs {
+    pub fn params(&self) -> Result<lone_core::engine::SpecParams> {
+        let mut types =
+            lone_core::engine::SpecTypes::parse(&self.spec_type).map_err(anyhow::Error::msg)?;
+        if self.model_draft.is_some() {
+            types.draft = true;
+        }
+        Ok(lone_core::engine::SpecParams {
+            types,
+            draft_max: self.draft_max,
+            draft_min: self.draft_min,
+            draft_p_min: self.draft_p_min,
+            ngram_n: self.spec_ngram_simple_size_n,
+            ngram_m: self.spec_ngram_simple_size_m,
+        })
+    }
+
+    /// The speculator for `target` (loading the draft model), or None with `--spec-type none`.
+    pub fn build(
+        &self,
+        target: &Model,
+        text: &lone_core::text::TextIo,
+    ) -> Result<Option<std::sync::Arc<lone_core::engine::Speculator>>> {
+        let params = self.params()?;
+        if !params.types.any() {
+            return Ok(None);
+        }
+        let spec = match &self.model_draft {
+            Some(p) => {
+                let m = load_model(p, None)?;
+                let t = lone_core::text::TextIo::load(&m, p).with_context(|| {
+                    format!("cannot load the draft model's tokenizer ({})", p.display())
+                })?;
+                lone_core::engine::Speculator::new(
+                    params,
+                    target,
+                    &text.tokenizer,
+                    Some((m, &t.tokenizer)),
+                )
+            }
+            None => lone_core::engine::Speculator::new(params, target, &text.tokenizer, None),
+        }
+        .context("cannot set up speculative decoding")?;
+        Ok(Some(std::sync::Arc::new(spec)))
+    }
+}

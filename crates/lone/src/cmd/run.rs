@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use lone_core::generate::{generate, GenerateOptions};
+use lone_core::engine::Event;
+use lone_core::generate::{generate_text, GenerateOptions};
 use lone_core::sampler::Sampler;
 
 use super::common;
@@ -35,6 +36,11 @@ pub struct RunArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Stop before this text (repeatable); it is not printed.
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub spec: common::SpecArgs,
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Print one JSON object (token ids, text, stats) instead of streaming text.
@@ -67,31 +73,42 @@ pub fn run(a: RunArgs) -> Result<()> {
         .validate(model.cfg.vocab_size)
         .context("bad sampling option")?;
     let mut sampler = Sampler::new(params);
+    if a.stop.iter().any(String::is_empty) {
+        bail!("--stop needs a non-empty string");
+    }
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         eos_ids: text.eos_ids.clone(),
         ignore_eos: a.ignore_eos,
         keep_logits: a.dump_logits.is_some(),
+        stop: a.stop.clone(),
+        spec: a.spec.build(&model, &text)?,
+        spec_params: None,
     };
     let mut cache = model.new_cache();
-    let mut stream = text.stream();
     let mut out = std::io::stdout().lock();
     let json = a.json;
-    let g = generate(&model, &mut cache, &prompt, &opts, &mut sampler, |tok| {
-        if !json {
-            if let Ok(Some(piece)) = stream.push(tok) {
-                let _ = out.write_all(piece.as_bytes());
+    let g = generate_text(
+        &model,
+        &mut cache,
+        &prompt,
+        &opts,
+        &mut sampler,
+        Some(&text.tokenizer),
+        |ev| {
+            if let (false, Event::Delta { text, .. }) = (json, ev) {
+                let _ = out.write_all(text.as_bytes());
                 let _ = out.flush();
             }
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if let Some(p) = &a.dump_logits {
         let v = model.cfg.vocab_size;
         lone_core::npy::write_f32(p, &[g.logits.len() / v, v], &g.logits)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
-    let generated_text = text.decode(&g.tokens)?;
+    let generated_text = &g.text;
     let rss = common::peak_rss_bytes();
     if json {
         let obj = serde_json::json!({
@@ -109,16 +126,28 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "decode_tokens_per_second": g.decode_tok_s(),
                 "peak_rss_bytes": rss,
                 "threads": lone_core::kernels::threads(),
+                "spec_type": opts.spec.as_ref().map(|s| s.params.types.name()),
+                "drafted": g.spec.drafted,
+                "accepted": g.spec.accepted,
+                "passes": g.spec.passes,
             }
         });
         writeln!(out, "{obj}")?;
     } else {
-        if let Some(rest) = stream.finish()? {
-            out.write_all(rest.as_bytes())?;
-        }
         writeln!(out)?;
+        let spec = if opts.spec.is_some() {
+            format!(
+                " | accepted {}/{} drafts ({:.0}%), {:.2} tok/pass",
+                g.spec.accepted,
+                g.spec.drafted,
+                100.0 * g.acceptance(),
+                g.tokens_per_pass()
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "[prefill {} tok, {:.1} tok/s | decode {} tok, {:.1} tok/s | {} | peak RSS {:.1} MiB]",
+            "[prefill {} tok, {:.1} tok/s | decode {} tok, {:.1} tok/s{spec} | {} | peak RSS {:.1} MiB]",
             g.prompt_tokens,
             g.prefill_tok_s(),
             g.tokens.len(),

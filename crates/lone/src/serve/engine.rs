@@ -1,29 +1,22 @@
-//! The batching scheduler: one thread owns the model and `parallel` slots, each with its own
-//! `SeqCache`. Every step builds one `Batch` with a row for each decoding slot plus chunks of
-//! the prompts of newly admitted sequences, runs one forward pass, and samples each slot's
-//! next token with its own `Sampler`. Sequences join between steps and leave as soon as they
-//! finish or their client goes away (continuous batching). No HTTP types here.
+//! The server's engine thread: it owns the model and drives lone-core's [`Scheduler`]
+//! (`parallel` slots, each with its own `SeqCache`; continuous batching, speculation) step by
+//! step. This file only moves sequences between the HTTP side's queue and the scheduler,
+//! delivers their events to their channels and keeps the metrics. No HTTP types here.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
-use lone_core::cache::SeqCache;
-use lone_core::generate::FinishReason;
-use lone_core::sampler::{self, Sampler, SamplingParams};
+use lone_core::engine::{AdmitError, Scheduler, Speculator};
+pub use lone_core::engine::{Event, GenRequest, TokenOut};
+use lone_core::sampler::Sampler;
 use lone_core::text::TextIo;
-use lone_core::tokenizer::StreamDecoder;
-use lone_core::{Batch, Model};
+use lone_core::Model;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use super::stop::StopMatcher;
-
-/// Most prompt rows added to one step (bounds the latency prefill adds to running decodes).
-pub const PREFILL_BUDGET: usize = 256;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -33,54 +26,6 @@ pub struct EngineConfig {
     pub queue: usize,
     /// Context length: prompt + generated tokens of one sequence.
     pub ctx: usize,
-}
-
-/// One sequence to generate.
-#[derive(Clone, Debug)]
-pub struct GenRequest {
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate (EOS not counted).
-    pub max_tokens: usize,
-    pub params: SamplingParams,
-    /// Generation ends before the first occurrence of any of these; no text at or past it is
-    /// ever sent.
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-    /// `Some(k)`: report each sampled token's logprob and the `k` most likely alternatives.
-    pub logprobs: Option<usize>,
-    /// Tag copied to this sequence's events (the choice index).
-    pub index: usize,
-}
-
-/// A generated token (and its logprobs when asked for).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenOut {
-    pub id: u32,
-    pub logprob: Option<f32>,
-    pub top: Vec<(u32, f32)>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// New text (possibly empty while it is held back for stop strings) and the tokens
-    /// sampled since the last event.
-    Delta {
-        index: usize,
-        text: String,
-        tokens: Vec<TokenOut>,
-    },
-    Done {
-        index: usize,
-        finish: FinishReason,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        /// Prompt tokens taken from the slot's cache.
-        cached_tokens: usize,
-    },
-    Error {
-        index: usize,
-        message: String,
-    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +65,7 @@ impl Engine {
         text: Arc<TextIo>,
         cfg: EngineConfig,
         metrics: Arc<Metrics>,
+        spec: Option<Arc<Speculator>>,
     ) -> std::io::Result<Engine> {
         let parallel = cfg.parallel.max(1);
         metrics.slots.store(parallel as u64, Relaxed);
@@ -138,16 +84,13 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("lone-engine".into())
             .spawn(move || {
-                let eos = text.eos_ids.clone();
+                let caches = (0..parallel).map(|_| model.new_cache()).collect();
                 let mut w = Worker {
-                    caches: (0..parallel).map(|_| model.new_cache()).collect(),
-                    slots: (0..parallel).map(|_| None).collect(),
-                    model,
+                    sched: Scheduler::new(caches, ctx, text.eos_ids.clone(), spec),
+                    txs: (0..parallel).map(|_| None).collect(),
+                    model: &model,
                     text: &text,
-                    eos,
-                    ctx,
                     metrics: sh.metrics.clone(),
-                    admitted: 0,
                 };
                 w.run(&sh);
             })?;
@@ -157,7 +100,6 @@ impl Engine {
             cfg,
         })
     }
-
     /// Queue sequences that share one event channel (the `n` choices of a request). Either
     /// all are queued or none: `QueueFull` when more would wait than `queue` allows.
     pub fn submit(
@@ -210,32 +152,13 @@ impl Drop for Engine {
     }
 }
 
-/// A running sequence.
-struct Active<'t> {
-    req: GenRequest,
-    tx: UnboundedSender<Event>,
-    sampler: Sampler,
-    /// Prompt + generated tokens (what the penalties look at).
-    history: Vec<u32>,
-    generated: usize,
-    cached: usize,
-    /// The token sampled last, to feed in the next step (None while prefilling).
-    next: Option<u32>,
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
-    /// Admission order (prefill is first come, first served).
-    order: u64,
-}
-
 struct Worker<'t> {
-    model: Model,
+    model: &'t Model,
     text: &'t TextIo,
-    caches: Vec<SeqCache>,
-    slots: Vec<Option<Active<'t>>>,
-    eos: Vec<u32>,
-    ctx: usize,
+    sched: Scheduler<'t>,
+    /// The event channel of each slot's sequence.
+    txs: Vec<Option<UnboundedSender<Event>>>,
     metrics: Arc<Metrics>,
-    admitted: u64,
 }
 
 impl<'t> Worker<'t> {
@@ -250,18 +173,18 @@ impl<'t> Worker<'t> {
                     if st.shutdown {
                         break;
                     }
-                    while self.slots.iter().any(Option::is_none) {
+                    while self.sched.free_slots() > 0 {
                         let Some(p) = st.queue.pop_front() else {
                             break;
                         };
                         self.admit(p);
                     }
-                    st.free_slots = self.slots.iter().filter(|s| s.is_none()).count();
+                    st.free_slots = self.sched.free_slots();
                     self.metrics
                         .queue_depth
                         .store(st.queue.len() as u64, Relaxed);
                     self.update_active();
-                    if self.slots.iter().any(Option::is_some) {
+                    if self.sched.active() > 0 {
                         break;
                     }
                     st = match shared.wake.wait(st) {
@@ -284,7 +207,7 @@ impl<'t> Worker<'t> {
                 return;
             }
             self.drop_cancelled();
-            if self.slots.iter().all(Option::is_none) {
+            if self.sched.active() == 0 {
                 continue;
             }
             match catch_unwind(AssertUnwindSafe(|| self.step())) {
@@ -297,240 +220,95 @@ impl<'t> Worker<'t> {
     }
 
     fn update_active(&self) {
-        let n = self.slots.iter().filter(|s| s.is_some()).count();
-        self.metrics.active_slots.store(n as u64, Relaxed);
+        self.metrics
+            .active_slots
+            .store(self.sched.active() as u64, Relaxed);
     }
 
     /// Free the slots whose client went away.
     fn drop_cancelled(&mut self) {
-        for s in &mut self.slots {
-            if s.as_ref().is_some_and(|a| a.tx.is_closed()) {
-                *s = None;
-                self.metrics.cancelled.fetch_add(1, Relaxed);
+        for (i, tx) in self.txs.iter_mut().enumerate() {
+            if tx.as_ref().is_some_and(|t| t.is_closed()) {
+                *tx = None;
+                if self.sched.cancel(i).is_some() {
+                    self.metrics.cancelled.fetch_add(1, Relaxed);
+                }
             }
         }
     }
 
-    /// End every running sequence with an error and reset the caches (their state may be
-    /// inconsistent after a failed step).
+    /// End every running sequence with an error and reset the caches.
     fn fail_all(&mut self, message: &str) {
-        for (s, c) in self.slots.iter_mut().zip(&mut self.caches) {
-            if let Some(a) = s.take() {
-                let _ = a.tx.send(Event::Error {
-                    index: a.req.index,
+        for (slot, index) in self.sched.fail_all() {
+            if let Some(tx) = self.txs[slot].take() {
+                let _ = tx.send(Event::Error {
+                    index,
                     message: message.to_string(),
                 });
             }
-            c.clear();
         }
     }
 
-    /// Put a queued sequence into the free slot whose cache shares the longest prefix with
-    /// its prompt; only the rest of the prompt will be prefilled.
+    /// Hand a queued sequence to the scheduler (it picks the slot with the longest reusable
+    /// prefix).
     fn admit(&mut self, p: Pending) {
         if p.tx.is_closed() {
             self.metrics.cancelled.fetch_add(1, Relaxed);
             return;
         }
-        let prompt = &p.req.prompt;
-        if prompt.is_empty() || prompt.len() >= self.ctx {
-            let _ = p.tx.send(Event::Error {
-                index: p.req.index,
-                message: format!(
-                    "the prompt has {} tokens; it must have between 1 and {} (the context is {})",
-                    prompt.len(),
-                    self.ctx - 1,
-                    self.ctx
-                ),
-            });
-            return;
-        }
-        let usable = |c: &SeqCache| {
-            let keep = c.common_prefix(prompt).min(prompt.len() - 1);
-            if c.can_truncate(keep) {
-                keep
-            } else {
-                0
+        let (index, prompt_len) = (p.req.index, p.req.prompt.len());
+        let sampler = Sampler::new(p.req.params.clone());
+        match self.sched.admit(p.req, sampler, Some(self.text.stream())) {
+            Ok(slot) => {
+                self.metrics
+                    .prompt_tokens
+                    .fetch_add(prompt_len as u64, Relaxed);
+                self.metrics
+                    .cached_prompt_tokens
+                    .fetch_add(self.sched.cached(slot) as u64, Relaxed);
+                self.txs[slot] = Some(p.tx);
             }
-        };
-        let Some(slot) = (0..self.slots.len())
-            .filter(|&i| self.slots[i].is_none())
-            .max_by_key(|&i| (usable(&self.caches[i]), std::cmp::Reverse(i)))
-        else {
-            return;
-        };
-        let cache = &mut self.caches[slot];
-        let keep = cache.common_prefix(prompt).min(prompt.len() - 1);
-        if !cache.truncate(keep) {
-            cache.clear();
+            Err(AdmitError::BadPrompt(message)) => {
+                let _ = p.tx.send(Event::Error { index, message });
+            }
+            Err(AdmitError::NoFreeSlot) => {
+                let _ = p.tx.send(Event::Error {
+                    index,
+                    message: "no free slot".into(),
+                });
+            }
         }
-        let cached = cache.len();
-        self.metrics
-            .prompt_tokens
-            .fetch_add(prompt.len() as u64, Relaxed);
-        self.metrics
-            .cached_prompt_tokens
-            .fetch_add(cached as u64, Relaxed);
-        self.admitted += 1;
-        self.slots[slot] = Some(Active {
-            sampler: Sampler::new(p.req.params.clone()),
-            history: prompt.clone(),
-            stop: StopMatcher::new(p.req.stop.clone()),
-            req: p.req,
-            tx: p.tx,
-            generated: 0,
-            cached,
-            next: None,
-            decoder: self.text.stream(),
-            order: self.admitted,
-        });
     }
 
     /// One batched forward pass and the sampling after it.
     fn step(&mut self) -> lone_core::Result<()> {
-        let mut batch = Batch::default();
-        // The slot of each row that wants logits, in batch order.
-        let mut owners = Vec::new();
-        let mut n_decode = 0usize;
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(tok) = s.as_ref().and_then(|a| a.next) {
-                batch.push(i, self.caches[i].len(), tok, true);
-                owners.push(i);
-                n_decode += 1;
+        let txs = &mut self.txs;
+        let st = self.sched.step(self.model, &mut |slot, ev| {
+            let done = matches!(ev, Event::Done { .. });
+            let Some(tx) = &txs[slot] else {
+                return false;
+            };
+            let sent = tx.send(ev).is_ok();
+            if done || !sent {
+                txs[slot] = None;
             }
-        }
-        let mut prefilling: Vec<(u64, usize)> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                s.as_ref()
-                    .filter(|a| a.next.is_none())
-                    .map(|a| (a.order, i))
-            })
-            .collect();
-        prefilling.sort_unstable();
-        let mut budget = PREFILL_BUDGET;
-        let mut n_prefill = 0usize;
-        for (_, i) in prefilling {
-            if budget == 0 {
-                break;
-            }
-            let Some(a) = &self.slots[i] else { continue };
-            let start = self.caches[i].len();
-            let prompt = &a.req.prompt;
-            let n = (prompt.len() - start).min(budget);
-            for (j, &tok) in prompt[start..start + n].iter().enumerate() {
-                let last = start + j + 1 == prompt.len();
-                batch.push(i, start + j, tok, last);
-                if last {
-                    owners.push(i);
-                }
-            }
-            budget -= n;
-            n_prefill += n;
-        }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        // A step of mid-prompt chunks wants no logits, but `Model::forward` needs at least one
-        // logits row (its lm_head matmul panics on zero rows): ask for one and ignore it.
-        let spare = owners.is_empty();
-        if spare {
-            if let Some(l) = batch.logits.last_mut() {
-                *l = true;
-            }
-        }
-        let t0 = Instant::now();
-        let out = self.model.forward(&batch, &mut self.caches)?;
-        let ns = t0.elapsed().as_nanos() as u64;
-        let total = (n_decode + n_prefill) as u64;
+            sent
+        })?;
         let m = &self.metrics;
+        let total = (st.prefill_rows + st.decode_rows).max(1) as u64;
+        let ns = st.forward_ns;
         m.steps.fetch_add(1, Relaxed);
         m.prefill_ns
-            .fetch_add(ns * n_prefill as u64 / total, Relaxed);
-        m.decode_ns.fetch_add(ns * n_decode as u64 / total, Relaxed);
-        m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
-        m.decode_tokens.fetch_add(n_decode as u64, Relaxed);
-        let v = self.model.cfg.vocab_size;
-        if spare {
-            return Ok(());
-        }
-        for (k, &slot) in owners.iter().enumerate() {
-            self.on_logits(slot, &out.logits[k * v..(k + 1) * v]);
-        }
+            .fetch_add(ns * st.prefill_rows as u64 / total, Relaxed);
+        m.decode_ns
+            .fetch_add(ns * st.decode_rows as u64 / total, Relaxed);
+        m.prefill_tokens.fetch_add(st.prefill_rows as u64, Relaxed);
+        m.decode_tokens.fetch_add(st.decode_rows as u64, Relaxed);
+        m.generated_tokens.fetch_add(st.generated as u64, Relaxed);
+        m.drafted_tokens.fetch_add(st.drafted as u64, Relaxed);
+        m.accepted_tokens.fetch_add(st.accepted as u64, Relaxed);
+        m.cancelled.fetch_add(st.cancelled as u64, Relaxed);
         Ok(())
-    }
-
-    /// Sample slot `i`'s next token and send what it adds.
-    fn on_logits(&mut self, i: usize, logits: &[f32]) {
-        let Some(a) = self.slots[i].as_mut() else {
-            return;
-        };
-        let tok = a.sampler.sample(logits, &a.history);
-        if !a.req.ignore_eos && self.eos.contains(&tok) {
-            self.finish(i, FinishReason::Stop, true);
-            return;
-        }
-        let out = TokenOut {
-            id: tok,
-            logprob: a.req.logprobs.map(|_| sampler::token_logprob(logits, tok)),
-            top: a
-                .req
-                .logprobs
-                .map(|k| sampler::top_logprobs(logits, k))
-                .unwrap_or_default(),
-        };
-        a.generated += 1;
-        a.history.push(tok);
-        self.metrics.generated_tokens.fetch_add(1, Relaxed);
-        let piece = a.decoder.push(tok).ok().flatten().unwrap_or_default();
-        let (text, stopped) = a.stop.push(&piece);
-        let sent = a.tx.send(Event::Delta {
-            index: a.req.index,
-            text,
-            tokens: vec![out],
-        });
-        if sent.is_err() {
-            self.slots[i] = None;
-            self.metrics.cancelled.fetch_add(1, Relaxed);
-        } else if stopped {
-            self.finish(i, FinishReason::Stop, false);
-        } else if a.generated >= a.req.max_tokens || a.history.len() >= self.ctx {
-            self.finish(i, FinishReason::Length, true);
-        } else {
-            a.next = Some(tok);
-        }
-    }
-
-    /// End slot `i`'s sequence: flush held-back text (`flush`), send `Done`, free the slot.
-    fn finish(&mut self, i: usize, mut finish: FinishReason, flush: bool) {
-        let Some(mut a) = self.slots[i].take() else {
-            return;
-        };
-        if flush {
-            let rest = a.decoder.finish().ok().flatten().unwrap_or_default();
-            let (mut text, stopped) = a.stop.push(&rest);
-            if stopped {
-                finish = FinishReason::Stop;
-            } else {
-                text.push_str(&a.stop.finish());
-            }
-            if !text.is_empty() {
-                let _ = a.tx.send(Event::Delta {
-                    index: a.req.index,
-                    text,
-                    tokens: Vec::new(),
-                });
-            }
-        }
-        let _ = a.tx.send(Event::Done {
-            index: a.req.index,
-            finish,
-            prompt_tokens: a.req.prompt.len(),
-            completion_tokens: a.generated,
-            cached_tokens: a.cached,
-        });
     }
 }
 
@@ -539,6 +317,8 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
+    use lone_core::engine::{FinishReason, PREFILL_BUDGET};
+    use lone_core::sampler::SamplingParams;
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
     use super::*;
@@ -565,7 +345,7 @@ mod tests {
             ctx: 2048,
         };
         (
-            Engine::start(model, text, cfg, metrics.clone()).unwrap(),
+            Engine::start(model, text, cfg, metrics.clone(), None).unwrap(),
             metrics,
         )
     }
@@ -579,6 +359,7 @@ mod tests {
             ignore_eos: true,
             logprobs: None,
             index: 0,
+            ..Default::default()
         }
     }
 

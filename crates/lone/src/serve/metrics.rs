@@ -27,6 +27,9 @@ pub struct Metrics {
     pub slots: AtomicU64,
     pub cancelled: AtomicU64,
     pub steps: AtomicU64,
+    /// Speculative decoding: tokens drafted, and those the target accepted.
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
 }
 
 impl Metrics {
@@ -133,6 +136,25 @@ impl Metrics {
             "counter",
             "Batched forward passes.",
             g(&self.steps).to_string(),
+        );
+        metric(
+            "lone_draft_tokens_total",
+            "counter",
+            "Tokens drafted by speculative decoding.",
+            g(&self.drafted_tokens).to_string(),
+        );
+        metric(
+            "lone_draft_tokens_accepted_total",
+            "counter",
+            "Drafted tokens the model accepted.",
+            g(&self.accepted_tokens).to_string(),
+        );
+        let (d, a) = (g(&self.drafted_tokens), g(&self.accepted_tokens));
+        metric(
+            "lone_draft_acceptance_rate",
+            "gauge",
+            "Accepted / drafted tokens (0 before any draft).",
+            format!("{:.4}", if d > 0 { a as f64 / d as f64 } else { 0.0 }),
         );
         s
     }

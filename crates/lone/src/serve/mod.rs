@@ -7,7 +7,6 @@
 pub mod engine;
 pub mod metrics;
 pub mod openai;
-pub mod stop;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -69,6 +68,8 @@ pub struct ServeArgs {
     /// Model id reported by /v1/models and accepted in `model` (default: the file or directory name).
     #[arg(long)]
     pub alias: Option<String>,
+    #[command(flatten)]
+    pub spec: crate::cmd::common::SpecArgs,
 }
 
 struct Ready {
@@ -76,6 +77,10 @@ struct Ready {
     text: Arc<TextIo>,
     ctx: usize,
     vocab: usize,
+    /// The server-wide speculation settings (requests may override them as llama-server's
+    /// `speculative.*` fields do).
+    spec_default: lone_core::engine::SpecParams,
+    has_draft: bool,
 }
 
 struct AppState {
@@ -205,13 +210,18 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         queue: a.queue,
         ctx,
     };
-    let engine = Engine::start(model, text.clone(), cfg, metrics.clone())
+    let spec = a.spec.build(&model, &text)?;
+    let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
+    let has_draft = spec.as_ref().is_some_and(|s| s.draft_model().is_some());
+    let engine = Engine::start(model, text.clone(), cfg, metrics.clone(), spec)
         .context("cannot start the engine thread")?;
     Ok(Ready {
         engine,
         text,
         ctx,
         vocab,
+        spec_default,
+        has_draft,
     })
 }
 
@@ -446,6 +456,7 @@ async fn handle(
         }
     }
     let settings = common.settings(ready.vocab)?;
+    let spec = common.spec_params(&ready.spec_default, ready.has_draft)?;
     let text = &ready.text;
 
     // Prompts (several for a completions list) and logprobs.
@@ -594,6 +605,8 @@ async fn handle(
                 ignore_eos: settings.ignore_eos,
                 logprobs,
                 index,
+                spec: spec.clone(),
+                ..Default::default()
             });
         }
     }

@@ -171,6 +171,63 @@ pub struct Common {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: Option<bool>,
+    /// llama-server's per-request speculation overrides (flat keys with a dot).
+    #[serde(rename = "speculative.type")]
+    pub spec_type: Option<String>,
+    #[serde(rename = "speculative.n_max")]
+    pub spec_n_max: Option<u64>,
+    #[serde(rename = "speculative.n_min")]
+    pub spec_n_min: Option<u64>,
+    #[serde(rename = "speculative.p_min")]
+    pub spec_p_min: Option<f32>,
+    #[serde(rename = "speculative.ngram_size_n")]
+    pub spec_ngram_n: Option<u64>,
+    #[serde(rename = "speculative.ngram_size_m")]
+    pub spec_ngram_m: Option<u64>,
+}
+
+impl Common {
+    /// The speculation settings for this request: the server's, with llama-server's
+    /// `speculative.*` overrides applied (`None` when nothing is overridden).
+    pub fn spec_params(
+        &self,
+        server: &lone_core::engine::SpecParams,
+        has_draft: bool,
+    ) -> Result<Option<lone_core::engine::SpecParams>, ApiError> {
+        if self.spec_type.is_none()
+            && self.spec_n_max.is_none()
+            && self.spec_n_min.is_none()
+            && self.spec_p_min.is_none()
+            && self.spec_ngram_n.is_none()
+            && self.spec_ngram_m.is_none()
+        {
+            return Ok(None);
+        }
+        let mut p = server.clone();
+        if let Some(t) = &self.spec_type {
+            p.types = lone_core::engine::SpecTypes::parse(t)
+                .map_err(|e| ApiError::invalid("speculative.type", e))?;
+        }
+        let small = |v: u64| v.min(1 << 20) as usize;
+        if let Some(v) = self.spec_n_max {
+            p.draft_max = small(v);
+        }
+        if let Some(v) = self.spec_n_min {
+            p.draft_min = small(v);
+        }
+        if let Some(v) = self.spec_p_min {
+            p.draft_p_min = v;
+        }
+        if let Some(v) = self.spec_ngram_n {
+            p.ngram_n = small(v);
+        }
+        if let Some(v) = self.spec_ngram_m {
+            p.ngram_m = small(v);
+        }
+        p.validate(has_draft)
+            .map_err(|e| ApiError::invalid("speculative", e))?;
+        Ok(Some(p))
+    }
 }
 
 #[derive(Deserialize, Debug)]

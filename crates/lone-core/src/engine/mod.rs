@@ -1,0 +1,567 @@
+//! The generation core: one per-sequence state machine ([`Sequence`]: sampler, history,
+//! stream decoder, stop strings, finish rule, logprobs, speculation counters) and the
+//! [`Scheduler`] that drives several of them step by step over one model. Every front end
+//! uses it: `generate()` is the one-slot case (run, chat, bench), the server's engine thread
+//! the many-slot one.
+//!
+//! Each [`Scheduler::step`] builds one [`Batch`]: for every decoding sequence its pending
+//! token plus the tokens a [`Speculator`] drafted for it, and chunks of the prompts being
+//! prefilled; runs one forward pass; then each sequence verifies its rows in order
+//! ([`Sampler::verify`]), emits the tokens it keeps, and rolls its caches back to them
+//! ([`SeqCache::reuse`]).
+
+pub mod spec;
+pub mod stop;
+
+use std::sync::Arc;
+
+pub use spec::{SpecParams, SpecTypes, Speculator};
+pub use stop::StopMatcher;
+
+use crate::cache::SeqCache;
+use crate::error::Result;
+use crate::models::{Batch, Model};
+use crate::sampler::{self, Sampler, SamplingParams};
+use crate::tokenizer::StreamDecoder;
+
+/// Most prompt rows added to one step (bounds the latency prefill adds to running decodes).
+pub const PREFILL_BUDGET: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token, a stop string (or the caller) stopped generation.
+    Stop,
+    /// The token budget or the context ran out.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One sequence to generate.
+#[derive(Clone, Debug, Default)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (EOS not counted).
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    /// Generation ends before the first occurrence of any of these; no text at or past it is
+    /// ever sent. Needs a stream decoder.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// `Some(k)`: report each sampled token's logprob and the `k` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Tag copied to this sequence's events (the choice index).
+    pub index: usize,
+    /// Speculation for this sequence; `None`: the scheduler's [`Speculator`] defaults.
+    pub spec: Option<SpecParams>,
+    /// Keep the logits of every row a token was sampled from (`Done` does not carry them:
+    /// read them from [`Scheduler::take_finished`]).
+    pub keep_logits: bool,
+}
+
+/// A generated token (and its logprobs when asked for).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOut {
+    pub id: u32,
+    pub logprob: Option<f32>,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Speculation counters of one sequence (or of a scheduler's lifetime).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Tokens drafted.
+    pub drafted: usize,
+    /// Drafted tokens the target agreed with.
+    pub accepted: usize,
+    /// Forward passes that decoded this sequence (after its first token).
+    pub passes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// New text (possibly empty while it is held back for stop strings) and the token
+    /// sampled (empty when only held-back text is flushed at the end).
+    Delta {
+        index: usize,
+        text: String,
+        tokens: Vec<TokenOut>,
+    },
+    Done {
+        index: usize,
+        finish: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        /// Prompt tokens taken from the slot's cache.
+        cached_tokens: usize,
+        spec: SpecStats,
+    },
+    Error {
+        index: usize,
+        message: String,
+    },
+}
+
+/// What one step did (for metrics and stats).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepStats {
+    pub prefill_rows: usize,
+    /// Decode rows: pending tokens plus drafts.
+    pub decode_rows: usize,
+    /// Tokens emitted (EOS excluded).
+    pub generated: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Sequences whose receiver went away.
+    pub cancelled: usize,
+    pub forward_ns: u64,
+}
+
+/// A running sequence.
+pub struct Sequence<'t> {
+    req: GenRequest,
+    sampler: Sampler,
+    /// Prompt + generated tokens (what the penalties and proposers look at).
+    history: Vec<u32>,
+    generated: usize,
+    cached: usize,
+    /// The token sampled last, to feed in the next step (None while prefilling).
+    next: Option<u32>,
+    decoder: Option<StreamDecoder<'t>>,
+    stop: StopMatcher,
+    /// Admission order (prefill is first come, first served).
+    order: u64,
+    spec: SpecStats,
+    kept: Vec<f32>,
+}
+
+/// How a sequence ended after a token.
+enum End {
+    Finish(FinishReason, bool),
+    Cancelled,
+}
+
+impl<'t> Sequence<'t> {
+    /// The sampler (e.g. to carry its RNG into the next turn).
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec
+    }
+
+    /// The logits of every row a token was sampled from (with `keep_logits`).
+    pub fn take_logits(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// Emit `tok`, sampled from `logits`; `Some` when the sequence ends here (`flush`: send
+    /// what the decoder and stop matcher hold back).
+    fn push(
+        &mut self,
+        tok: u32,
+        logits: &[f32],
+        ctx: usize,
+        eos: &[u32],
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Option<End> {
+        if !self.req.ignore_eos && eos.contains(&tok) {
+            return Some(End::Finish(FinishReason::Stop, true));
+        }
+        let out = TokenOut {
+            id: tok,
+            logprob: self
+                .req
+                .logprobs
+                .map(|_| sampler::token_logprob(logits, tok)),
+            top: self
+                .req
+                .logprobs
+                .map(|k| sampler::top_logprobs(logits, k))
+                .unwrap_or_default(),
+        };
+        self.generated += 1;
+        self.history.push(tok);
+        let piece = match &mut self.decoder {
+            Some(d) => d.push(tok).ok().flatten().unwrap_or_default(),
+            None => String::new(),
+        };
+        let (text, stopped) = self.stop.push(&piece);
+        if !emit(Event::Delta {
+            index: self.req.index,
+            text,
+            tokens: vec![out],
+        }) {
+            return Some(End::Cancelled);
+        }
+        if stopped {
+            Some(End::Finish(FinishReason::Stop, false))
+        } else if self.generated >= self.req.max_tokens || self.history.len() >= ctx {
+            Some(End::Finish(FinishReason::Length, true))
+        } else {
+            None
+        }
+    }
+
+    /// The last events of a finished sequence.
+    fn finish(
+        &mut self,
+        mut finish: FinishReason,
+        flush: bool,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) {
+        if flush {
+            let rest = match &mut self.decoder {
+                Some(d) => d.finish().ok().flatten().unwrap_or_default(),
+                None => String::new(),
+            };
+            let (mut text, stopped) = self.stop.push(&rest);
+            if stopped {
+                finish = FinishReason::Stop;
+            } else {
+                text.push_str(&self.stop.finish());
+            }
+            if !text.is_empty() {
+                emit(Event::Delta {
+                    index: self.req.index,
+                    text,
+                    tokens: Vec::new(),
+                });
+            }
+        }
+        emit(Event::Done {
+            index: self.req.index,
+            finish,
+            prompt_tokens: self.req.prompt.len(),
+            completion_tokens: self.generated,
+            cached_tokens: self.cached,
+            spec: self.spec,
+        });
+    }
+
+    /// Most drafts this sequence can take now: budget, context and rollback leave room for
+    /// the pending token, the drafts and the token sampled after them.
+    fn draft_room(&self, ctx: usize, rollback: usize) -> usize {
+        let budget = self.req.max_tokens.saturating_sub(self.generated + 1);
+        let room = ctx.saturating_sub(self.history.len() + 1);
+        budget.min(room).min(rollback)
+    }
+}
+
+/// Why a sequence was not admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmitError {
+    NoFreeSlot,
+    /// The prompt is empty or does not fit the context (the message says which).
+    BadPrompt(String),
+}
+
+impl std::fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdmitError::NoFreeSlot => write!(f, "no free slot"),
+            AdmitError::BadPrompt(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// Drives sequences in slots, one forward pass per [`step`](Self::step).
+pub struct Scheduler<'t> {
+    pub caches: Vec<SeqCache>,
+    slots: Vec<Option<Sequence<'t>>>,
+    ctx: usize,
+    eos: Vec<u32>,
+    spec: Option<Arc<Speculator>>,
+    admitted: u64,
+    /// The sequence that finished last in each slot (its sampler, kept logits, counters).
+    finished: Vec<Option<Sequence<'t>>>,
+    /// Speculation counters over the scheduler's lifetime.
+    pub totals: SpecStats,
+}
+
+impl<'t> Scheduler<'t> {
+    /// Slots over `caches` (one each), a context of `ctx` tokens per sequence, `eos` ids.
+    pub fn new(
+        caches: Vec<SeqCache>,
+        ctx: usize,
+        eos: Vec<u32>,
+        spec: Option<Arc<Speculator>>,
+    ) -> Scheduler<'t> {
+        let n = caches.len();
+        Scheduler {
+            caches,
+            slots: (0..n).map(|_| None).collect(),
+            ctx,
+            eos,
+            spec,
+            admitted: 0,
+            finished: (0..n).map(|_| None).collect(),
+            totals: SpecStats::default(),
+        }
+    }
+
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_none()).count()
+    }
+
+    pub fn active(&self) -> usize {
+        self.slots.len() - self.free_slots()
+    }
+
+    pub fn is_active(&self, slot: usize) -> bool {
+        self.slots.get(slot).is_some_and(Option::is_some)
+    }
+
+    pub fn speculator(&self) -> Option<&Speculator> {
+        self.spec.as_deref()
+    }
+
+    /// Put a sequence into the free slot whose cache shares the longest prefix with its
+    /// prompt; only the rest of the prompt will be prefilled. Returns the slot.
+    pub fn admit(
+        &mut self,
+        req: GenRequest,
+        sampler: Sampler,
+        decoder: Option<StreamDecoder<'t>>,
+    ) -> std::result::Result<usize, AdmitError> {
+        let prompt = &req.prompt;
+        if prompt.is_empty() || prompt.len() >= self.ctx {
+            return Err(AdmitError::BadPrompt(format!(
+                "the prompt has {} tokens; it must have between 1 and {} (the context is {})",
+                prompt.len(),
+                self.ctx.saturating_sub(1),
+                self.ctx
+            )));
+        }
+        let max = prompt.len() - 1;
+        let Some(slot) = (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_none())
+            .max_by_key(|&i| (self.caches[i].reusable(prompt, max), std::cmp::Reverse(i)))
+        else {
+            return Err(AdmitError::NoFreeSlot);
+        };
+        let cached = self.caches[slot].reuse(prompt, max);
+        self.admitted += 1;
+        self.finished[slot] = None;
+        self.slots[slot] = Some(Sequence {
+            sampler,
+            history: prompt.clone(),
+            stop: StopMatcher::new(req.stop.clone()),
+            req,
+            generated: 0,
+            cached,
+            next: None,
+            decoder,
+            order: self.admitted,
+            spec: SpecStats::default(),
+            kept: Vec::new(),
+        });
+        Ok(slot)
+    }
+
+    /// Prompt tokens slot `slot`'s sequence took from the cache.
+    pub fn cached(&self, slot: usize) -> usize {
+        self.slots[slot].as_ref().map_or(0, |s| s.cached)
+    }
+
+    /// Drop slot `slot`'s sequence (its client went away); its cache stays for reuse.
+    pub fn cancel(&mut self, slot: usize) -> Option<Sequence<'t>> {
+        self.slots.get_mut(slot).and_then(Option::take)
+    }
+
+    /// End every sequence (after a failed step) and clear the caches, whose state may be
+    /// inconsistent. Returns the request indices by slot.
+    pub fn fail_all(&mut self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (i, (s, c)) in self.slots.iter_mut().zip(&mut self.caches).enumerate() {
+            if let Some(a) = s.take() {
+                out.push((i, a.req.index));
+            }
+            c.clear();
+        }
+        out
+    }
+
+    /// The sequence that finished last in slot `slot`.
+    pub fn take_finished(&mut self, slot: usize) -> Option<Sequence<'t>> {
+        self.finished.get_mut(slot).and_then(Option::take)
+    }
+
+    /// One batched forward pass and the sampling after it. `emit(slot, event)` delivers each
+    /// event; it returns false when the receiver is gone (the slot is then freed).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        emit: &mut dyn FnMut(usize, Event) -> bool,
+    ) -> Result<StepStats> {
+        let mut st = StepStats::default();
+        let drafts = self.drafts()?;
+        let mut batch = Batch::default();
+        // (slot, rows with logits, drafts) in batch order.
+        let mut owners: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        for (i, d) in drafts {
+            let Some(tok) = self.slots[i].as_ref().and_then(|a| a.next) else {
+                continue;
+            };
+            let p = self.caches[i].len();
+            batch.push(i, p, tok, true);
+            for (j, &t) in d.iter().enumerate() {
+                batch.push(i, p + 1 + j, t, true);
+            }
+            st.decode_rows += 1 + d.len();
+            st.drafted += d.len();
+            owners.push((i, 1 + d.len(), d));
+        }
+        let mut prefilling: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.as_ref()
+                    .filter(|a| a.next.is_none())
+                    .map(|a| (a.order, i))
+            })
+            .collect();
+        prefilling.sort_unstable();
+        let mut budget = PREFILL_BUDGET;
+        for (_, i) in prefilling {
+            if budget == 0 {
+                break;
+            }
+            let Some(a) = &self.slots[i] else { continue };
+            let start = self.caches[i].len();
+            let prompt = &a.req.prompt;
+            let n = (prompt.len() - start).min(budget);
+            for (j, &tok) in prompt[start..start + n].iter().enumerate() {
+                let last = start + j + 1 == prompt.len();
+                batch.push(i, start + j, tok, last);
+                if last {
+                    owners.push((i, 1, Vec::new()));
+                }
+            }
+            budget -= n;
+            st.prefill_rows += n;
+        }
+        if batch.is_empty() {
+            return Ok(st);
+        }
+        let t0 = std::time::Instant::now();
+        let out = model.forward(&batch, &mut self.caches)?;
+        st.forward_ns = t0.elapsed().as_nanos() as u64;
+        let v = model.cfg.vocab_size;
+        let mut row = 0;
+        for (slot, n, d) in owners {
+            let logits = &out.logits[row * v..(row + n) * v];
+            row += n;
+            self.verify(slot, logits, &d, &mut st, emit);
+        }
+        self.totals.drafted += st.drafted;
+        self.totals.accepted += st.accepted;
+        Ok(st)
+    }
+
+    /// Drafts for every decoding slot (empty without speculation), in slot order.
+    fn drafts(&mut self) -> Result<Vec<(usize, Vec<u32>)>> {
+        let decoding: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].as_ref().is_some_and(|a| a.next.is_some()))
+            .collect();
+        let Some(spec) = self.spec.clone() else {
+            return Ok(decoding.into_iter().map(|i| (i, Vec::new())).collect());
+        };
+        let ctx = self.ctx;
+        let mut ins = Vec::new();
+        let mut idx = Vec::new();
+        for (i, (s, c)) in self.slots.iter().zip(self.caches.iter_mut()).enumerate() {
+            let Some(a) = s.as_ref().filter(|a| a.next.is_some()) else {
+                continue;
+            };
+            let params = a.req.spec.as_ref().unwrap_or(&spec.params);
+            if !params.types.any() {
+                continue;
+            }
+            let k_max = a.draft_room(ctx, c.rollback());
+            ins.push(spec::ProposeIn {
+                params,
+                history: &a.history,
+                k_max,
+                cache: c,
+            });
+            idx.push(i);
+        }
+        let proposed = spec.propose(&mut ins)?;
+        drop(ins);
+        let mut out: Vec<(usize, Vec<u32>)> =
+            decoding.into_iter().map(|i| (i, Vec::new())).collect();
+        for (i, d) in idx.into_iter().zip(proposed) {
+            if let Some(o) = out.iter_mut().find(|o| o.0 == i) {
+                o.1 = d;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Slot `slot` got `logits` for its pending token and `drafts`: keep the tokens the
+    /// target agrees with, emit them, roll the caches back to them.
+    fn verify(
+        &mut self,
+        slot: usize,
+        logits: &[f32],
+        drafts: &[u32],
+        st: &mut StepStats,
+        emit: &mut dyn FnMut(usize, Event) -> bool,
+    ) {
+        let (ctx, v) = (self.ctx, logits.len() / (drafts.len() + 1));
+        let Some(a) = self.slots[slot].as_mut() else {
+            return;
+        };
+        let mut emit_here = |e: Event| emit(slot, e);
+        let decoding = a.next.is_some();
+        if decoding {
+            a.spec.passes += 1;
+            a.spec.drafted += drafts.len();
+        }
+        let before = a.generated;
+        let mut end = None;
+        for j in 0..=drafts.len() {
+            let row = &logits[j * v..(j + 1) * v];
+            let draft = drafts.get(j).copied();
+            let (tok, ok) = a.sampler.verify(row, &a.history, draft);
+            if a.req.keep_logits {
+                a.kept.extend_from_slice(row);
+            }
+            if ok {
+                a.spec.accepted += 1;
+                st.accepted += 1;
+            }
+            end = a.push(tok, row, ctx, &self.eos, &mut emit_here);
+            if end.is_some() || !ok {
+                a.next = Some(tok);
+                break;
+            }
+        }
+        st.generated += a.generated - before;
+        // Keep the rows of the tokens that stay (the pending one and accepted drafts).
+        let keep = self.caches[slot].common_prefix(&a.history);
+        self.caches[slot].reuse(&a.history, keep);
+        match end {
+            None => {}
+            Some(End::Cancelled) => {
+                self.finished[slot] = self.slots[slot].take();
+                st.cancelled += 1;
+            }
+            Some(End::Finish(f, flush)) => {
+                let mut a = self.slots[slot].take().expect("active");
+                a.finish(f, flush, &mut |e| emit(slot, e));
+                self.finished[slot] = Some(a);
+            }
+        }
+    }
+}
