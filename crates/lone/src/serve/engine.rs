@@ -335,9 +335,26 @@ mod tests {
     }
 
     fn start(name: &str, parallel: usize, queue: usize) -> (Engine, Arc<Metrics>) {
+        start_spec(name, parallel, queue, None)
+    }
+
+    /// An engine whose sequences speculate with `spec` (a draft model from fixture `draft`).
+    fn start_spec(
+        name: &str,
+        parallel: usize,
+        queue: usize,
+        spec: Option<(lone_core::engine::SpecParams, Option<&str>)>,
+    ) -> (Engine, Arc<Metrics>) {
         let path = fixture(name);
         let model = Model::load(&path).unwrap();
         let text = Arc::new(TextIo::load(&model, &path).unwrap());
+        let spec = spec.map(|(p, draft)| {
+            let d = draft.map(|d| Model::load(&fixture(d)).unwrap());
+            Arc::new(
+                Speculator::new(p, &model, &text.tokenizer, d.map(|d| (d, &text.tokenizer)))
+                    .unwrap(),
+            )
+        });
         let metrics = Arc::new(Metrics::default());
         let cfg = EngineConfig {
             parallel,
@@ -345,7 +362,7 @@ mod tests {
             ctx: 2048,
         };
         (
-            Engine::start(model, text, cfg, metrics.clone(), None).unwrap(),
+            Engine::start(model, text, cfg, metrics.clone(), spec).unwrap(),
             metrics,
         )
     }
@@ -578,6 +595,60 @@ mod tests {
             e.submit(vec![greedy(&p, 1), greedy(&p, 1), greedy(&p, 1)], tx_c),
             Err(SubmitError::QueueFull)
         );
+    }
+
+    /// Each slot speculates on its own and all verify rows share one forward pass: greedy
+    /// output equals plain decoding alone, and /metrics counts the drafts.
+    #[test]
+    fn speculative_batched_greedy_equals_plain_alone() {
+        use lone_core::engine::{SpecParams, SpecTypes};
+        for (name, draft) in [("lfm2_a", None), ("lfm3", Some("lfm2_b")), ("qwen2", None)] {
+            let p = json_ids(name, "prompt_ids.json");
+            let twice: Vec<u32> = p.iter().chain(&p).copied().collect();
+            let prompts = [twice.clone(), p.clone(), twice[3..].to_vec()];
+            let solo: Vec<Vec<u32>> = {
+                let (e, _) = start(name, 1, 8);
+                prompts
+                    .iter()
+                    .map(|q| run_one(&e, greedy(q, 40)).tokens)
+                    .collect()
+            };
+            let spec = SpecParams {
+                types: SpecTypes {
+                    ngram_simple: true,
+                    draft: draft.is_some(),
+                },
+                ngram_n: 1,
+                ngram_m: 6,
+                draft_max: 4,
+                ..Default::default()
+            };
+            let (e, m) = start_spec(name, 3, 8, Some((spec, draft)));
+            let (tx, mut rx) = unbounded_channel();
+            let reqs = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, q)| GenRequest {
+                    index: i,
+                    ..greedy(q, 40)
+                })
+                .collect();
+            e.submit(reqs, tx).unwrap();
+            let mut got = vec![Vec::new(); 3];
+            let mut done = 0;
+            while done < 3 {
+                match rx.blocking_recv().unwrap() {
+                    Event::Delta { index, tokens, .. } => {
+                        got[index].extend(tokens.iter().map(|t| t.id))
+                    }
+                    Event::Done { .. } => done += 1,
+                    Event::Error { message, .. } => panic!("{message}"),
+                }
+            }
+            assert_eq!(got, solo, "{name}");
+            assert!(m.drafted_tokens.load(Relaxed) > 0, "{name}");
+            assert!(m.render().contains("lone_draft_acceptance_rate"));
+        }
     }
 
     #[test]
