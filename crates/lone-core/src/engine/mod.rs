@@ -139,6 +139,8 @@ pub struct Sequence<'t> {
     /// Admission order (prefill is first come, first served).
     order: u64,
     spec: SpecStats,
+    /// Most drafted tokens to verify next pass (the ramp, [`SpecParams::ramp`]).
+    draft_cap: usize,
     kept: Vec<f32>,
 }
 
@@ -362,6 +364,7 @@ impl<'t> Scheduler<'t> {
             decoder,
             order: self.admitted,
             spec: SpecStats::default(),
+            draft_cap: 0,
             kept: Vec::new(),
         });
         Ok(slot)
@@ -487,7 +490,12 @@ impl<'t> Scheduler<'t> {
             if !params.types.any() {
                 continue;
             }
-            let k_max = a.draft_room(ctx, c.rollback());
+            let cap = if params.ramp == 0 {
+                usize::MAX
+            } else {
+                a.draft_cap.max(params.ramp)
+            };
+            let k_max = a.draft_room(ctx, c.rollback()).min(cap);
             ins.push(spec::ProposeIn {
                 params,
                 history: &a.history,
@@ -529,6 +537,7 @@ impl<'t> Scheduler<'t> {
             a.spec.drafted += drafts.len();
         }
         let before = a.generated;
+        let mut took = 0;
         let mut end = None;
         for j in 0..=drafts.len() {
             let row = &logits[j * v..(j + 1) * v];
@@ -540,6 +549,7 @@ impl<'t> Scheduler<'t> {
             if ok {
                 a.spec.accepted += 1;
                 st.accepted += 1;
+                took += 1;
             }
             end = a.push(tok, row, ctx, &self.eos, &mut emit_here);
             if end.is_some() || !ok {
@@ -548,6 +558,15 @@ impl<'t> Scheduler<'t> {
             }
         }
         st.generated += a.generated - before;
+        if !drafts.is_empty() {
+            // The ramp: 4× the rows after a fully accepted draft (4, 16, 64 rows: the sizes
+            // the matrix kernels run best), else restart from what was taken.
+            a.draft_cap = if took == drafts.len() {
+                (drafts.len() + 1).saturating_mul(4) - 1
+            } else {
+                took
+            };
+        }
         // Keep the rows of the tokens that stay (the pending one and accepted drafts).
         let keep = self.caches[slot].common_prefix(&a.history);
         self.caches[slot].reuse(&a.history, keep);

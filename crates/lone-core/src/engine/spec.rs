@@ -14,6 +14,10 @@
 //!   its top probability is at least `p_min`, up to `n_max` tokens; drafts shorter than
 //!   `n_min` are dropped. Its caches live next to the target's (`SeqCache::draft`) and roll
 //!   back with them.
+//!
+//! On top of both, lone's ramp ([`SpecParams::ramp`]) caps how many drafted tokens a sequence
+//! verifies per pass, growing while drafts are accepted (the proposers' rules are unchanged:
+//! a longer draft is cut, as llama-server cuts drafts to a slot's budget).
 
 use crate::cache::SeqCache;
 use crate::error::{Error, Result};
@@ -78,6 +82,14 @@ pub struct SpecParams {
     pub ngram_n: usize,
     /// ngram-simple: most tokens drafted after a match (`--spec-ngram-simple-size-m`, 48).
     pub ngram_m: usize,
+    /// lone's draft-length ramp (`--spec-ramp`, 3; 0 = off): a sequence verifies at most
+    /// this many drafted tokens at first, 4× as many rows after each fully accepted draft
+    /// (3, 15, 63 drafts), and falls back to this (or what it just accepted) after a
+    /// rejection. A verify
+    /// pass costs more the more rows it has, so a long draft that fails early (text the
+    /// proposer cannot predict) costs several decode steps; the ramp keeps that cost small
+    /// while copying ramps up to the full `ngram_m` / `draft_max` within a few passes.
+    pub ramp: usize,
 }
 
 impl Default for SpecParams {
@@ -89,6 +101,7 @@ impl Default for SpecParams {
             draft_p_min: 0.0,
             ngram_n: 12,
             ngram_m: 48,
+            ramp: 3,
         }
     }
 }

@@ -70,6 +70,18 @@ pub struct BenchArgs {
     /// llama-bench's -d: `pp512 @ d3000` prefills 512 tokens after 3000.
     #[arg(long, short = 'd', default_value_t = 0)]
     pub depth: usize,
+    /// Speculative decoding workloads (copy, edit, summarise, prose; chat-templated, greedy):
+    /// plain and speculative decode interleaved, with the speculation flags given.
+    #[arg(long)]
+    pub spec_workloads: bool,
+    /// New tokens per workload (stops at EOS).
+    #[arg(long, default_value_t = 400)]
+    pub workload_max_tokens: usize,
+    /// Only these workloads (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Option<Vec<String>>,
+    #[command(flatten)]
+    pub spec: common::SpecArgs,
 }
 
 /// The warm-up before each test is a short run of the same kind: it touches every weight
@@ -459,7 +471,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
     let warmup = !a.no_warmup;
     let mut rng = Rng(a.seed);
-    if a.suite {
+    if a.spec_workloads {
+        let Some(text) = &text else {
+            bail!("--spec-workloads needs a tokenizer");
+        };
+        spec_workloads(&model, text, &info, &a, &mut out)?;
+    } else if a.suite {
         let Some(text) = &text else {
             bail!("--suite needs a tokenizer");
         };
@@ -671,6 +688,121 @@ fn suite(model: &Model, text: &TextIo, info: &Info, a: &BenchArgs, out: &mut Out
                 dc.mean,
                 ttft.mean,
                 total.mean
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// `--spec-workloads`: for each workload, `reps` rounds of (plain, speculative) greedy runs,
+/// interleaved, each from a fresh cache.
+fn spec_workloads(
+    model: &Model,
+    text: &TextIo,
+    info: &Info,
+    a: &BenchArgs,
+    out: &mut Out,
+) -> Result<()> {
+    let Some(spec) = a.spec.build(model, text)? else {
+        bail!("--spec-workloads needs speculation: give --spec-type and/or --model-draft");
+    };
+    let reps = a.reps.unwrap_or(3);
+    let plain = GenerateOptions {
+        max_new_tokens: a.workload_max_tokens,
+        eos_ids: text.eos_ids.clone(),
+        ..Default::default()
+    };
+    let specd = GenerateOptions {
+        spec: Some(spec.clone()),
+        ..plain.clone()
+    };
+    let run = |ids: &[u32], o: &GenerateOptions| -> Result<lone_core::generate::Generation> {
+        let mut cache = model.new_cache();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        Ok(generate(model, &mut cache, ids, o, &mut sampler, |_| true)?)
+    };
+    let spec_name = spec.params.types.name();
+    if !out.json {
+        out.line(&format!(
+            "{} — speculative workloads ({spec_name}), greedy, up to {} new tokens, {reps}              interleaved round(s), {} threads\n",
+            info.name, a.workload_max_tokens, info.threads
+        ))?;
+        out.line(
+            "| workload | prompt tokens | new tokens | plain t/s | spec t/s | speedup | accepted | tok/pass | same output |",
+        )?;
+        out.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")?;
+    }
+    for (name, msg) in bench_suite::spec_workloads() {
+        if a.workloads
+            .as_ref()
+            .is_some_and(|w| !w.iter().any(|x| x == name))
+        {
+            continue;
+        }
+        let ids = if text.template.is_some() {
+            text.chat_prompt(None, &msg)?
+        } else {
+            text.encode_raw(&msg)?
+        };
+        if !a.no_warmup {
+            let w = GenerateOptions {
+                max_new_tokens: 4,
+                ..specd.clone()
+            };
+            run(&ids, &w)?;
+        }
+        let (mut p_ts, mut s_ts) = (Vec::new(), Vec::new());
+        let (mut p, mut s) = (None, None);
+        for _ in 0..reps {
+            let g = run(&ids, &plain)?;
+            p_ts.push(g.decode_tok_s());
+            p = Some(g);
+            let g = run(&ids, &specd)?;
+            s_ts.push(g.decode_tok_s());
+            s = Some(g);
+        }
+        let (p, s) = (p.expect("reps ≥ 1"), s.expect("reps ≥ 1"));
+        let same = p.tokens == s.tokens;
+        let (pt, st) = (stats(&p_ts), stats(&s_ts));
+        let speedup = st.mean / pt.mean.max(1e-9);
+        if out.json {
+            out.record(
+                info,
+                json!({
+                    "test": format!("spec:{name}"),
+                    "spec_type": spec_name,
+                    "draft_model": a.spec.model_draft.as_ref().map(|p| p.display().to_string()),
+                    "draft_max": spec.params.draft_max,
+                    "ngram_n": spec.params.ngram_n,
+                    "ngram_m": spec.params.ngram_m,
+                    "prompt_tokens": ids.len(),
+                    "new_tokens": s.tokens.len(),
+                    "reps": reps,
+                    "plain_decode_ts": pt.mean,
+                    "spec_decode_ts": st.mean,
+                    "speedup": speedup,
+                    "stddev": {"plain_decode_ts": pt.stddev, "spec_decode_ts": st.stddev},
+                    "drafted": s.spec.drafted,
+                    "accepted": s.spec.accepted,
+                    "passes": s.spec.passes,
+                    "tokens_per_pass": s.tokens_per_pass(),
+                    "same_output": same,
+                    "text": text.decode(&s.tokens)?,
+                }),
+            )?;
+        } else {
+            out.line(&format!(
+                "| {name} | {} | {} | {:.2} ± {:.2} | {:.2} ± {:.2} | {speedup:.2}× | {}/{} | {:.2} | {} |",
+                ids.len(),
+                s.tokens.len(),
+                pt.mean,
+                pt.stddev,
+                st.mean,
+                st.stddev,
+                s.spec.accepted,
+                s.spec.drafted,
+                s.tokens_per_pass(),
+                if same { "yes" } else { "NO" }
             ))?;
         }
     }

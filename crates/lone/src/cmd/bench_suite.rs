@@ -113,3 +113,74 @@ international conference the following year chose Greenwich as the prime meridia
 created new industries, opened distant markets to farmers, made seaside holidays possible for \
 working families, and required enormous feats of engineering, including tunnels, viaducts and \
 bridges that are still in use today.";
+
+/// A ~330-token Python file for the copy and edit workloads of `--spec-workloads`.
+pub const CODE: &str = r#"import json
+import sys
+
+
+class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count):
+        have = self.items.get(name, 0)
+        if count > have:
+            raise ValueError("not enough " + name)
+        self.items[name] = have - count
+        if self.items[name] == 0:
+            del self.items[name]
+
+    def total(self):
+        return sum(self.items.values())
+
+    def to_json(self):
+        return json.dumps(self.items, sort_keys=True)
+
+
+def main(args):
+    inv = Inventory()
+    for arg in args:
+        name, count = arg.split("=")
+        inv.add(name, int(count))
+    print(inv.to_json())
+    print("total:", inv.total())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+"#;
+
+/// The workloads of `lone bench --spec-workloads` (name, user message): text a model can copy
+/// (copy, edit), half-copy (summarise) and text it cannot predict (prose). Keep them stable.
+pub fn spec_workloads() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "copy",
+            format!(
+                "Print the following Python file again, exactly as it is:\n\n```python\n{CODE}```"
+            ),
+        ),
+        (
+            "edit",
+            format!(
+                "Rewrite the following Python file with one change: rename the class Inventory \
+                 to Stock. Output the whole file.\n\n```python\n{CODE}```"
+            ),
+        ),
+        (
+            "summarise",
+            format!("{PRINTING}\n\nSummarize the text above in three bullet points."),
+        ),
+        (
+            "prose",
+            "Write a short story about a lighthouse keeper who finds a message in a bottle."
+                .to_string(),
+        ),
+    ]
+}

@@ -152,6 +152,11 @@ pub struct SpecArgs {
     /// ngram-simple: most tokens drafted after a match.
     #[arg(long, default_value_t = 48)]
     pub spec_ngram_simple_size_m: usize,
+    /// lone's draft ramp: verify at most this many drafted tokens at first, 4× the rows after
+    /// each fully accepted draft, back to this after a rejection (0 = always all; llama.cpp
+    /// has no ramp).
+    #[arg(long, default_value_t = 3)]
+    pub spec_ramp: usize,
 }
 
 impl SpecArgs {
@@ -168,6 +173,7 @@ impl SpecArgs {
             draft_p_min: self.draft_p_min,
             ngram_n: self.spec_ngram_simple_size_n,
             ngram_m: self.spec_ngram_simple_size_m,
+            ramp: self.spec_ramp,
         })
     }
 
