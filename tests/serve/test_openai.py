@@ -496,3 +496,49 @@ def test_queue_full_gives_503():
         assert s.metrics()['lone_requests_total{endpoint="/v1/completions",status="503"}'] == 2
     finally:
         s.stop()
+
+
+COPY = [{"role": "user", "content": "Print the following Python code again, exactly as it is:\n\n```python\n"
+         "def area(width, height):\n    return width * height\n\n\n"
+         "def perimeter(width, height):\n    return 2 * (width + height)\n\n\n"
+         "for w, h in [(1, 2), (3, 4), (5, 6)]:\n    print(area(w, h), perimeter(w, h))\n```"}]
+
+
+def test_speculating_server_gives_the_plain_greedy_output(smol):
+    """A server speculating with ngram-simple (small n so it drafts) answers token for token as the
+    plain one, streamed too, with two clients at once; /metrics counts drafts; a request can switch
+    speculation off with llama-server's `speculative.type`, and a `draft` request without a draft
+    model is a 400."""
+    need_smol()
+    spec = Server(SMOL, "--parallel", "2", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3")
+    try:
+        want = smol.client().chat.completions.create(model=SMOL.name, messages=COPY, temperature=0,
+                                                     max_tokens=80).choices[0].message.content
+        c = spec.client()
+        got = c.chat.completions.create(model=SMOL.name, messages=COPY, temperature=0, max_tokens=80)
+        assert got.choices[0].message.content == want
+        m = spec.metrics()
+        assert m["lone_draft_tokens_total"] > 0
+        assert 0 < m["lone_draft_tokens_accepted_total"] <= m["lone_draft_tokens_total"]
+        assert m["lone_draft_acceptance_rate"] > 0
+        out = [None, None]
+
+        def go(i):
+            out[i], _ = stream_text(spec.client().chat.completions.create(
+                model=SMOL.name, messages=COPY, temperature=0, max_tokens=80, stream=True))
+
+        ts = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert out == [want, want]
+        before = spec.metrics()["lone_draft_tokens_total"]
+        off = c.chat.completions.create(model=SMOL.name, messages=COPY, temperature=0, max_tokens=80,
+                                        extra_body={"speculative.type": "none"})
+        assert off.choices[0].message.content == want
+        assert spec.metrics()["lone_draft_tokens_total"] == before
+        r = spec.post("/v1/chat/completions", json={"messages": COPY, "speculative.type": "draft"})
+        assert r.status_code == 400 and "draft model" in r.json()["error"]["message"]
+    finally:
+        spec.stop()

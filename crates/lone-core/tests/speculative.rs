@@ -105,8 +105,18 @@ fn greedy_ngram_speculation_equals_plain_decoding_for_every_family() {
         // A longer run over a repetitive prompt: drafts are accepted and rejected.
         let p = prompt_of(name);
         let plain = run(&m, &p, 120, SamplingParams::greedy(), None);
-        for (n, mm) in [(1, 3), (2, 16), (3, 48)] {
-            let s = speculator(&m, &t, ngram(n, mm), None);
+        // (1, 1024) without the ramp: drafts as long as the caches' rollback window (64), so
+        // a rejection rolls ring and conv state back to the window's end.
+        for (n, mm, ramp) in [(1, 3, 3), (2, 16, 3), (3, 48, 0), (1, 1024, 0)] {
+            let s = speculator(
+                &m,
+                &t,
+                SpecParams {
+                    ramp,
+                    ..ngram(n, mm)
+                },
+                None,
+            );
             let g = run(&m, &p, 120, SamplingParams::greedy(), Some(s));
             assert_eq!(g.tokens, plain.tokens, "{name}: n-gram {n}/{mm}");
             drafted += g.spec.drafted;

@@ -415,3 +415,82 @@ fn invalid_utf8_prompt() {
         .unwrap();
     expect_error(out, "UTF-8");
 }
+
+/// `--stop` cuts the text before the first occurrence; speculation (`--spec-type`,
+/// `--model-draft` / `-md`) gives the plain greedy tokens and reports its counters.
+#[test]
+fn stop_strings_and_speculation_on_run() {
+    let dir = fixture("lfm2_a");
+    let d = dir.to_str().unwrap();
+    let prompt = read_ids(&dir.join("prompt_ids.json"));
+    let twice: Vec<u32> = prompt.iter().chain(&prompt).copied().collect();
+    let p = ids_arg(&twice);
+    let base = ["--model", d, "--prompt-ids", &p, "-n", "48", "--ignore-eos"];
+    let plain = run_json(&base);
+    let text = plain["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 12, "{text:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    let stopped = run_json(&[&base[..], &["--stop", "never-there", "--stop", &stop]].concat());
+    assert_eq!(stopped["text"], cut);
+    assert_eq!(stopped["finish_reason"], "stop");
+    for spec in [
+        &[
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "1",
+        ][..],
+        &[
+            "-md",
+            fixture("lfm2_b").to_str().unwrap(),
+            "--draft-max",
+            "4",
+        ][..],
+        &["--spec-type", "ngram-simple,draft", "--model-draft", d][..],
+    ] {
+        let g = run_json(&[&base[..], spec].concat());
+        assert_eq!(g["generated_ids"], plain["generated_ids"], "{spec:?}");
+        assert!(g["stats"]["drafted"].as_u64().unwrap() > 0, "{spec:?}");
+        assert!(g["stats"]["passes"].as_u64().unwrap() < 48, "{spec:?}");
+    }
+}
+
+#[test]
+fn bad_speculation_options_are_errors() {
+    let d = fixture("lfm2_a");
+    let d = d.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        lone()
+            .args(["run", "--model", d, "--prompt-ids", "1,2,3", "-n", "4"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    expect_error(run(&["--spec-type", "eagle"]), "unknown speculative type");
+    expect_error(run(&["--spec-type", "draft"]), "needs a draft model");
+    expect_error(run(&["--model-draft", "/nonexistent/draft.gguf"]), "draft");
+    expect_error(
+        run(&[
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "0",
+        ]),
+        "ngram sizes",
+    );
+    // A draft model with another vocabulary is refused at load.
+    let smol = std::env::var_os("LONE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lone/models")
+        })
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if smol.exists() {
+        expect_error(
+            run(&["--model-draft", smol.to_str().unwrap()]),
+            "vocabulary",
+        );
+    }
+}

@@ -406,7 +406,7 @@ impl<'t> Scheduler<'t> {
         emit: &mut dyn FnMut(usize, Event) -> bool,
     ) -> Result<StepStats> {
         let mut st = StepStats::default();
-        let drafts = self.drafts()?;
+        let drafts = self.drafts(model)?;
         let mut batch = Batch::default();
         // (slot, rows with logits, drafts) in batch order.
         let mut owners: Vec<(usize, usize, Vec<u32>)> = Vec::new();
@@ -472,7 +472,7 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Drafts for every decoding slot (empty without speculation), in slot order.
-    fn drafts(&mut self) -> Result<Vec<(usize, Vec<u32>)>> {
+    fn drafts(&mut self, model: &Model) -> Result<Vec<(usize, Vec<u32>)>> {
         let decoding: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].as_ref().is_some_and(|a| a.next.is_some()))
             .collect();
@@ -480,6 +480,8 @@ impl<'t> Scheduler<'t> {
             return Ok(decoding.into_iter().map(|i| (i, Vec::new())).collect());
         };
         let ctx = self.ctx;
+        // Verify rows beyond this would multiply differently from a one-row decode.
+        let rows = model.row_invariant_rows();
         let mut ins = Vec::new();
         let mut idx = Vec::new();
         for (i, (s, c)) in self.slots.iter().zip(self.caches.iter_mut()).enumerate() {
@@ -495,7 +497,10 @@ impl<'t> Scheduler<'t> {
             } else {
                 a.draft_cap.max(params.ramp)
             };
-            let k_max = a.draft_room(ctx, c.rollback()).min(cap);
+            let k_max = a
+                .draft_room(ctx, c.rollback())
+                .min(cap)
+                .min(rows.saturating_sub(1));
             ins.push(spec::ProposeIn {
                 params,
                 history: &a.history,

@@ -795,6 +795,20 @@ fn auto_8bit(isa: Isa, dtype: DType) -> bool {
         && !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
 }
 
+/// Most rows of one matmul whose results do not depend on how many rows there are, for
+/// `dtype` in this thread's mode: in [`Mode::Auto`] on x86, formats on the 8-bit matrix-vector
+/// kernels switch to the exact f32 GEMM at [`GEMM_MIN_ROWS`] rows, so a row's logits (and
+/// possibly a greedy token) would differ between a one-row decode and a long batch.
+/// `usize::MAX` where every row count multiplies the same way (exact f32 everywhere, up to the
+/// order of rounding). Speculation keeps verify passes within this.
+pub fn row_invariant_rows(dtype: DType) -> usize {
+    if mode() == Mode::Auto && auto_8bit(isa(), dtype) {
+        GEMM_MIN_ROWS - 1
+    } else {
+        usize::MAX
+    }
+}
+
 /// [`Mode::Auto`]'s kernel: where [`auto_8bit`], fast mode's matrix-vector kernel with the
 /// exact f32 GEMM for many rows; elsewhere the exact kernel.
 fn auto_kernel(isa: Isa, dtype: DType, fast: Kernel, exact: Kernel) -> Kernel {

@@ -153,6 +153,22 @@ impl Model {
         Ok(())
     }
 
+    /// Most rows of one sequence a forward pass can take with the logits of each row equal to
+    /// those of decoding it alone (see [`crate::kernels::row_invariant_rows`]).
+    pub fn row_invariant_rows(&self) -> usize {
+        use crate::loader::WeightFiles;
+        let limit = |d| crate::kernels::row_invariant_rows(d);
+        match &self.weights.files {
+            WeightFiles::Gguf(g) => g.tensors.iter().map(|t| limit(t.dtype)).min(),
+            WeightFiles::Safetensors(st) => st
+                .names()
+                .filter_map(|n| st.get(n))
+                .map(|t| limit(t.dtype))
+                .min(),
+        }
+        .unwrap_or(usize::MAX)
+    }
+
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
         SeqCache::with_kv_type(&self.cfg, DEFAULT_ROLLBACK, self.kv_type)

@@ -787,6 +787,7 @@ fn spec_workloads(
                     "passes": s.spec.passes,
                     "tokens_per_pass": s.tokens_per_pass(),
                     "same_output": same,
+                    "message": msg,
                     "text": text.decode(&s.tokens)?,
                 }),
             )?;
