@@ -8,8 +8,9 @@
 Each config is a target GGUF plus a speculation setting (ngram-simple with llama.cpp's
 defaults, or a draft model). For every round: `lone bench --spec-workloads --json -r 1`
 (plain and speculative decode of each workload, interleaved), then the same workloads through
-two llama-server processes started once per config (one plain, one speculating: same flags
-`--spec-type`, `-md`, `--spec-draft-n-max`), each request greedy with the prompt cache off.
+llama-server, started plain and then speculating (same flags: `--spec-type`, `-md` with
+`--spec-type draft-simple`, `--spec-draft-n-max`), one server at a time, each request greedy
+with the prompt cache off after a 4-token warm-up.
 Rates are decode tokens per second (lone: tokens after the first / decode time; llama-server:
 its `timings.predicted_per_second`). Writes the raw records (JSON) and prints a markdown table
 of means over the rounds.
@@ -51,7 +52,8 @@ def configs():
                                      llama=None),
         "smollm2-f16-draft-q4_1": dict(model=f16, make_f16=True,
                                        lone=["--model-draft", str(SMOL), "--draft-max", "3"],
-                                       llama=["-md", str(SMOL), "--spec-draft-n-max", "3"]),
+                                       llama=["-md", str(SMOL), "--spec-type", "draft-simple",
+                                              "--spec-draft-n-max", "3"]),
         "lfm2-350m-q4_k_m-ngram": dict(model=BENCH / "LFM2-350M/LFM2-350M-Q4_K_M.gguf",
                                        lone=["--spec-type", "ngram-simple"],
                                        llama=["--spec-type", "ngram-simple"]),
@@ -157,47 +159,47 @@ def main():
         if not Path(cfg["model"]).exists():
             print(f"skip {name}: no {cfg['model']}", file=sys.stderr)
             continue
-        servers = {}
-        if cfg["llama"] is not None:
-            for kind, port, extra in [("plain", 8391, []), ("spec", 8392, cfg["llama"])]:
-                log = open(f"/tmp/bench-spec-{name}-{kind}.log", "w")
-                p = subprocess.Popen([str(LLAMA_SERVER), "-m", str(cfg["model"]), "-t", str(a.threads),
-                                      "--port", str(port), "-c", "4096", "-np", "1", "--no-warmup"] + extra,
-                                     stdout=log, stderr=subprocess.STDOUT)
-                servers[kind] = (p, port)
-            for p, port in servers.values():
-                wait_ready(port, p)
-        try:
-            for rnd in range(a.rounds):
-                for r in lone_round(cfg, a.threads, a.max_tokens):
-                    records.append(dict(engine="lone", config=name, round=rnd, workload=r["test"][5:],
-                                        plain_ts=r["plain_decode_ts"], spec_ts=r["spec_decode_ts"],
-                                        drafted=r["drafted"], accepted=r["accepted"],
-                                        new_tokens=r["new_tokens"], same_output=r["same_output"],
-                                        prompt_tokens=r["prompt_tokens"], message=r["message"],
-                                        text=r["text"]))
-                if not servers:
-                    continue
-                for r in [x for x in records if x["engine"] == "lone" and x["config"] == name and x["round"] == rnd]:
-                    body = {"messages": [{"role": "user", "content": r["message"]}], "temperature": 0,
-                            "max_tokens": a.max_tokens, "cache_prompt": False}
-                    res = {}
-                    for kind in ["plain", "spec"]:
-                        j = post(servers[kind][1], body)
-                        res[kind] = j
-                    t0, t1 = res["plain"]["timings"], res["spec"]["timings"]
+        for rnd in range(a.rounds):
+            lone_recs = []
+            for r in lone_round(cfg, a.threads, a.max_tokens):
+                lone_recs.append(dict(engine="lone", config=name, round=rnd, workload=r["test"][5:],
+                                      plain_ts=r["plain_decode_ts"], spec_ts=r["spec_decode_ts"],
+                                      drafted=r["drafted"], accepted=r["accepted"],
+                                      new_tokens=r["new_tokens"], same_output=r["same_output"],
+                                      prompt_tokens=r["prompt_tokens"], message=r["message"],
+                                      text=r["text"]))
+            records += lone_recs
+            if cfg["llama"] is not None:
+                # One llama-server at a time (an idle one's threads still spin for a while):
+                # plain, then speculating, each over every workload.
+                res = {}
+                for kind, extra in [("plain", []), ("spec", cfg["llama"])]:
+                    port = 8391
+                    log = open(f"/tmp/bench-spec-{name}-{kind}.log", "w")
+                    p = subprocess.Popen([str(LLAMA_SERVER), "-m", str(cfg["model"]), "-t", str(a.threads),
+                                          "--port", str(port), "-c", "4096", "-np", "1"] + extra,
+                                         stdout=log, stderr=subprocess.STDOUT)
+                    try:
+                        wait_ready(port, p)
+                        for r in lone_recs:
+                            body = {"messages": [{"role": "user", "content": r["message"]}], "temperature": 0,
+                                    "max_tokens": a.max_tokens, "cache_prompt": False}
+                            post(port, {**body, "max_tokens": 4})  # warm-up
+                            res[(kind, r["workload"])] = post(port, body)
+                    finally:
+                        p.terminate()
+                        p.wait()
+                for r in lone_recs:
+                    j0, j1 = res[("plain", r["workload"])], res[("spec", r["workload"])]
+                    t0, t1 = j0["timings"], j1["timings"]
                     records.append(dict(engine="llama.cpp", config=name, round=rnd, workload=r["workload"],
                                         plain_ts=t0["predicted_per_second"], spec_ts=t1["predicted_per_second"],
                                         drafted=t1.get("draft_n", 0), accepted=t1.get("draft_n_accepted", 0),
                                         new_tokens=t1["predicted_n"], prompt_tokens=t1["prompt_n"],
-                                        same_output=res["plain"]["choices"][0]["message"]["content"]
-                                        == res["spec"]["choices"][0]["message"]["content"],
-                                        text=res["spec"]["choices"][0]["message"]["content"]))
-                print(f"{name}: round {rnd + 1}/{a.rounds} done", file=sys.stderr)
-        finally:
-            for p, _ in servers.values():
-                p.terminate()
-                p.wait()
+                                        same_output=j0["choices"][0]["message"]["content"]
+                                        == j1["choices"][0]["message"]["content"],
+                                        text=j1["choices"][0]["message"]["content"]))
+            print(f"{name}: round {rnd + 1}/{a.rounds} done", file=sys.stderr)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     meta = dict(date=str(datetime.date.today()), threads=a.threads, rounds=a.rounds,
                 cpu=open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t")

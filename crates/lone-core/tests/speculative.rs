@@ -252,3 +252,33 @@ fn sampled_speculation_keeps_the_target_distribution() {
         keys.len()
     );
 }
+
+/// In the default mode on x86, Q8_0 layers decode with 8-bit kernels but many-row passes
+/// multiply exactly: verify passes then stay under the GEMM threshold, so speculation still
+/// gives the plain greedy tokens of the quantized file.
+#[test]
+fn verify_passes_keep_the_one_row_numerics_of_8bit_decode() {
+    let (f32m, _) = load("lfm2_a");
+    assert_eq!(f32m.row_invariant_rows(), usize::MAX, "f32 weights");
+    let m = Model::load(&fixture("lfm2_a").join("model-q8_0.gguf")).unwrap();
+    let (_, t) = load("lfm2_a");
+    let auto_x86 = lone_core::kernels::mode() == lone_core::kernels::Mode::Auto
+        && cfg!(target_arch = "x86_64")
+        && lone_core::kernels::isa() != lone_core::kernels::Isa::Scalar;
+    if auto_x86 {
+        assert_eq!(m.row_invariant_rows(), 15);
+    }
+    let p = prompt_of("lfm2_a");
+    let plain = run(&m, &p, 100, SamplingParams::greedy(), None);
+    let s = speculator(
+        &m,
+        &t,
+        SpecParams {
+            ramp: 0,
+            ..ngram(1, 1024)
+        },
+        None,
+    );
+    let g = run(&m, &p, 100, SamplingParams::greedy(), Some(s));
+    assert_eq!(g.tokens, plain.tokens);
+}

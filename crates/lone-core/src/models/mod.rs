@@ -153,17 +153,30 @@ impl Model {
         Ok(())
     }
 
-    /// Most rows of one sequence a forward pass can take with the logits of each row equal to
-    /// those of decoding it alone (see [`crate::kernels::row_invariant_rows`]).
+    /// Most rows of one sequence a forward pass can take with each row's hidden states equal
+    /// to those of decoding it alone (see [`crate::kernels::row_invariant_rows`]). The head
+    /// is left out: `forward` recomputes each row's top logits exactly whatever its kernel,
+    /// so the greedy token does not depend on it.
     pub fn row_invariant_rows(&self) -> usize {
         use crate::loader::WeightFiles;
-        let limit = |d| crate::kernels::row_invariant_rows(d);
+        const HEAD: [&str; 4] = [
+            "token_embd.weight",
+            "output.weight",
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+        ];
+        let limit = |name: &str, d| {
+            if HEAD.contains(&name) {
+                usize::MAX
+            } else {
+                crate::kernels::row_invariant_rows(d)
+            }
+        };
         match &self.weights.files {
-            WeightFiles::Gguf(g) => g.tensors.iter().map(|t| limit(t.dtype)).min(),
+            WeightFiles::Gguf(g) => g.tensors.iter().map(|t| limit(&t.name, t.dtype)).min(),
             WeightFiles::Safetensors(st) => st
                 .names()
-                .filter_map(|n| st.get(n))
-                .map(|t| limit(t.dtype))
+                .filter_map(|n| st.get(n).map(|t| limit(n, t.dtype)))
                 .min(),
         }
         .unwrap_or(usize::MAX)

@@ -422,6 +422,25 @@ mod tests {
         collect(&mut rx)
     }
 
+    /// Submit sequences indexed 0..n on one channel; the tokens of each.
+    fn run_all(e: &Engine, reqs: Vec<GenRequest>) -> Vec<Vec<u32>> {
+        let n = reqs.len();
+        let (tx, mut rx) = unbounded_channel();
+        e.submit(reqs, tx).unwrap();
+        let mut got = vec![Vec::new(); n];
+        let mut done = 0;
+        while done < n {
+            match rx.blocking_recv().unwrap() {
+                Event::Delta { index, tokens, .. } => {
+                    got[index].extend(tokens.iter().map(|t| t.id))
+                }
+                Event::Done { .. } => done += 1,
+                Event::Error { message, .. } => panic!("{message}"),
+            }
+        }
+        got
+    }
+
     fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         for _ in 0..500 {
             if cond() {
@@ -506,25 +525,13 @@ mod tests {
         let (e, _) = start("lfm2_a", 4, 8);
         let p = json_ids("lfm2_a", "prompt_ids.json");
         let want = json_ids("lfm2_a", "greedy.json");
-        let (tx, mut rx) = unbounded_channel();
         let reqs = (0..3)
             .map(|i| GenRequest {
                 index: i,
                 ..greedy(&p, want.len())
             })
             .collect();
-        e.submit(reqs, tx).unwrap();
-        let mut got = vec![Vec::new(); 3];
-        let mut done = 0;
-        while done < 3 {
-            match rx.blocking_recv().unwrap() {
-                Event::Delta { index, tokens, .. } => {
-                    got[index].extend(tokens.iter().map(|t| t.id))
-                }
-                Event::Done { .. } => done += 1,
-                Event::Error { message, .. } => panic!("{message}"),
-            }
-        }
+        let got = run_all(&e, reqs);
         for g in got {
             assert_eq!(g, want);
         }
@@ -624,7 +631,6 @@ mod tests {
                 ..Default::default()
             };
             let (e, m) = start_spec(name, 3, 8, Some((spec, draft)));
-            let (tx, mut rx) = unbounded_channel();
             let reqs = prompts
                 .iter()
                 .enumerate()
@@ -633,18 +639,7 @@ mod tests {
                     ..greedy(q, 40)
                 })
                 .collect();
-            e.submit(reqs, tx).unwrap();
-            let mut got = vec![Vec::new(); 3];
-            let mut done = 0;
-            while done < 3 {
-                match rx.blocking_recv().unwrap() {
-                    Event::Delta { index, tokens, .. } => {
-                        got[index].extend(tokens.iter().map(|t| t.id))
-                    }
-                    Event::Done { .. } => done += 1,
-                    Event::Error { message, .. } => panic!("{message}"),
-                }
-            }
+            let got = run_all(&e, reqs);
             assert_eq!(got, solo, "{name}");
             assert!(m.drafted_tokens.load(Relaxed) > 0, "{name}");
             assert!(m.render().contains("lone_draft_acceptance_rate"));
@@ -732,26 +727,13 @@ mod tests {
             ..greedy(&p, 20)
         };
         let a = run_one(&e, req(1));
-        let (tx, mut rx) = unbounded_channel();
-        e.submit(
+        let got = run_all(
+            &e,
             vec![
                 GenRequest { index: 0, ..req(1) },
                 GenRequest { index: 1, ..req(2) },
             ],
-            tx,
-        )
-        .unwrap();
-        let mut got = vec![Vec::new(); 2];
-        let mut done = 0;
-        while done < 2 {
-            match rx.blocking_recv().unwrap() {
-                Event::Delta { index, tokens, .. } => {
-                    got[index].extend(tokens.iter().map(|t| t.id))
-                }
-                Event::Done { .. } => done += 1,
-                Event::Error { message, .. } => panic!("{message}"),
-            }
-        }
+        );
         assert_eq!(got[0], a.tokens);
         assert_ne!(got[1], a.tokens);
     }
