@@ -263,7 +263,13 @@ impl Model {
         // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
         // top candidates are computed again exactly, so the token picked (and the top of a
         // sampled distribution) is the exact head's.
-        if crate::kernels::mode() == crate::kernels::Mode::Auto && !crate::kernels::exact() {
+        // (Many-row heads take the exact GEMM: nothing to redo.)
+        let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
+        if crate::kernels::mode() == crate::kernels::Mode::Auto
+            && !crate::kernels::exact()
+            && lim != usize::MAX
+            && sel.len() <= lim
+        {
             rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
         }
         Ok(out)
@@ -284,23 +290,81 @@ fn rescore_top(head: &Linear, xs: &[f32], logits: &mut [f32], k: usize) {
         return;
     }
     let k = k.min(v);
-    let mut idx: Vec<usize> = Vec::with_capacity(v);
+    let mut top: Vec<(f32, usize)> = Vec::with_capacity(k);
     for (x, row) in xs.chunks_exact(h).zip(logits.chunks_exact_mut(v)) {
-        idx.clear();
-        idx.extend(0..v);
-        idx.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]));
-        for &i in &idx[..k] {
+        top_k(row, k, &mut top);
+        for &(_, i) in &top {
             let dot = crate::quant::reference::dot_row(head.w.dtype, head.w.row(i), x)
                 .expect("head rows are whole blocks (checked at load)");
             row[i] = dot + head.b.as_ref().map_or(0.0, |b| b[i]);
         }
     }
 }
+
+/// The `k` largest values of `row` (NaN never counts) with their indices, in no order: one pass
+/// that only touches the small set when a value beats its smallest.
+fn top_k(row: &[f32], k: usize, top: &mut Vec<(f32, usize)>) {
+    top.clear();
+    let mut min = (f32::NEG_INFINITY, 0usize);
+    for (i, &l) in row.iter().enumerate() {
+        if top.len() < k {
+            top.push((if l.is_nan() { f32::NEG_INFINITY } else { l }, i));
+            if top.len() == k {
+                min = smallest(top);
+            }
+        } else if l > min.0 {
+            top[min.1] = (l, i);
+            min = smallest(top);
+        }
+    }
+}
+
+/// (value, position in `top`) of the smallest entry.
+fn smallest(top: &[(f32, usize)]) -> (f32, usize) {
+    top.iter().enumerate().fold(
+        (f32::INFINITY, 0),
+        |m, (j, &(l, _))| if l < m.0 { (l, j) } else { m },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tensor::Tensor;
     use crate::test_rng::Rng;
+
+    /// `top_k` against a full sort, over odd lengths, ties and NaN.
+    #[test]
+    fn top_k_matches_a_sort() {
+        let mut rng = Rng(9);
+        let mut top = Vec::new();
+        for (n, k) in [(1, 1), (5, 3), (33, 32), (100, 32), (1001, 7), (50, 50)] {
+            let mut row: Vec<f32> = (0..n).map(|_| (rng.f32() * 20.0).round()).collect();
+            if n > 4 {
+                row[3] = f32::NAN;
+            }
+            top_k(&row, k, &mut top);
+            let mut got: Vec<f32> = top
+                .iter()
+                .map(|&(l, i)| {
+                    assert!(row[i] == l || (row[i].is_nan() && l == f32::NEG_INFINITY));
+                    l
+                })
+                .collect();
+            let mut want: Vec<f32> = row
+                .iter()
+                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+                .collect();
+            want.sort_by(|a, b| b.total_cmp(a));
+            want.truncate(k);
+            got.sort_by(|a, b| b.total_cmp(a));
+            assert_eq!(got, want, "n {n} k {k}");
+            let mut idx: Vec<usize> = top.iter().map(|t| t.1).collect();
+            idx.sort();
+            idx.dedup();
+            assert_eq!(idx.len(), k);
+        }
+    }
 
     /// The k largest (perturbed) logits of each row become the exact ones; the rest stay.
     #[test]
