@@ -517,6 +517,9 @@ def test_speculating_server_gives_the_plain_greedy_output(smol):
         c = spec.client()
         got = c.chat.completions.create(model=SMOL.name, messages=COPY, temperature=0, max_tokens=80)
         assert got.choices[0].message.content == want
+        # Drafts are reported as OpenAI reports predicted outputs.
+        d = got.usage.completion_tokens_details
+        assert d.accepted_prediction_tokens > 0 and d.rejected_prediction_tokens >= 0
         m = spec.metrics()
         assert m["lone_draft_tokens_total"] > 0
         assert 0 < m["lone_draft_tokens_accepted_total"] <= m["lone_draft_tokens_total"]
@@ -537,6 +540,7 @@ def test_speculating_server_gives_the_plain_greedy_output(smol):
         off = c.chat.completions.create(model=SMOL.name, messages=COPY, temperature=0, max_tokens=80,
                                         extra_body={"speculative.type": "none"})
         assert off.choices[0].message.content == want
+        assert off.usage.completion_tokens_details is None
         assert spec.metrics()["lone_draft_tokens_total"] == before
         r = spec.post("/v1/chat/completions", json={"messages": COPY, "speculative.type": "draft"})
         assert r.status_code == 400 and "draft model" in r.json()["error"]["message"]

@@ -672,12 +672,14 @@ async fn handle(
                 finish,
                 completion_tokens,
                 cached_tokens,
+                spec,
                 ..
             } => {
                 if let Some(c) = acc.get_mut(index) {
                     c.finish = Some(finish);
                     c.completion_tokens = completion_tokens;
                     c.cached_tokens = cached_tokens;
+                    c.spec = spec;
                     left -= 1;
                 }
             }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::engine::{Event, TokenOut};
+use lone_core::engine::SpecStats;
 
 /// Most choices per request (`n`).
 pub const MAX_N: u64 = 16;
@@ -562,21 +563,43 @@ pub struct ChoiceAcc {
     pub finish: Option<FinishReason>,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    pub spec: SpecStats,
 }
 
-pub fn usage(meta: &Meta, completion: usize, cached: usize) -> Value {
-    json!({
+/// OpenAI's usage object. Speculative decoding's drafts are reported as OpenAI reports
+/// predicted outputs: `completion_tokens_details.accepted_prediction_tokens` /
+/// `rejected_prediction_tokens` (only when something was drafted).
+pub fn usage(meta: &Meta, completion: usize, cached: usize, spec: SpecStats) -> Value {
+    let mut u = json!({
         "prompt_tokens": meta.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": meta.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    });
+    if spec.drafted > 0 {
+        u["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": spec.accepted,
+            "rejected_prediction_tokens": spec.drafted - spec.accepted,
+        });
+    }
+    u
+}
+
+fn add(a: SpecStats, b: SpecStats) -> SpecStats {
+    SpecStats {
+        drafted: a.drafted + b.drafted,
+        accepted: a.accepted + b.accepted,
+        passes: a.passes + b.passes,
+    }
 }
 
 /// The whole (non-streaming) response.
 pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value {
     let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
     let cached: usize = choices.iter().map(|c| c.cached_tokens).sum();
+    let spec = choices
+        .iter()
+        .fold(SpecStats::default(), |s, c| add(s, c.spec));
     let finish = |c: &ChoiceAcc| c.finish.unwrap_or(FinishReason::Stop).as_str();
     let cs: Vec<Value> = choices
         .iter()
@@ -603,7 +626,7 @@ pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value
         "model": meta.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": cs,
-        "usage": usage(meta, completion, cached),
+        "usage": usage(meta, completion, cached, spec),
     })
 }
 
@@ -617,6 +640,7 @@ pub struct Chunker {
     /// Text sent per choice (for legacy `text_offset`).
     sent_len: Vec<usize>,
     completion: usize,
+    spec: SpecStats,
     cached: usize,
     failed: bool,
 }
@@ -630,6 +654,7 @@ impl Chunker {
             done: vec![false; n],
             sent_len: vec![0; n],
             completion: 0,
+            spec: SpecStats::default(),
             cached: 0,
             failed: false,
         }
@@ -707,6 +732,7 @@ impl Chunker {
                 finish,
                 completion_tokens,
                 cached_tokens,
+                spec,
                 ..
             } => {
                 if let Some(d) = self.done.get_mut(index) {
@@ -714,6 +740,7 @@ impl Chunker {
                 }
                 self.completion += completion_tokens;
                 self.cached += cached_tokens;
+                self.spec = add(self.spec, spec);
                 let c = match self.meta.kind {
                     Kind::Chat => json!({
                         "index": index, "delta": {}, "logprobs": null, "finish_reason": finish.as_str(),
@@ -740,7 +767,7 @@ impl Chunker {
         let mut out = Vec::new();
         if self.meta.include_usage && !self.failed {
             let mut c: Value = serde_json::from_str(&self.chunk(Vec::new())).unwrap_or(Value::Null);
-            c["usage"] = usage(&self.meta, self.completion, self.cached);
+            c["usage"] = usage(&self.meta, self.completion, self.cached, self.spec);
             out.push(c.to_string());
         }
         out.push("[DONE]".to_string());
