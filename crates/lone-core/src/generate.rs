@@ -62,11 +62,11 @@ impl Generation {
     }
     /// Share of drafted tokens accepted (0 without drafts).
     pub fn acceptance(&self) -> f64 {
-        self.spec.accepted as f64 / self.spec.drafted.max(1) as f64
+        self.spec.acceptance()
     }
     /// Tokens emitted per decode pass (1 without speculation).
     pub fn tokens_per_pass(&self) -> f64 {
-        self.tokens.len().saturating_sub(1) as f64 / self.spec.passes.max(1) as f64
+        self.spec.tokens_per_pass(self.tokens.len())
     }
 }
 
@@ -138,23 +138,6 @@ pub fn generate_text(
             "stop strings need the tokenizer (generate_text)".into(),
         ));
     }
-    if opts.max_new_tokens == 0 {
-        // Nothing to sample; still prefill so the cache holds the prompt.
-        let start = cache.reuse(prompt, prompt.len() - 1);
-        let t0 = Instant::now();
-        let logits = prefill(model, cache, &prompt[start..], opts.keep_logits)?;
-        return Ok(Generation {
-            prompt_tokens: prompt.len(),
-            prefilled_tokens: prompt.len() - start,
-            tokens: Vec::new(),
-            text: String::new(),
-            finish: FinishReason::Length,
-            prefill_time: t0.elapsed(),
-            decode_time: Duration::ZERO,
-            logits: if opts.keep_logits { logits } else { Vec::new() },
-            spec: SpecStats::default(),
-        });
-    }
     let req = GenRequest {
         prompt: prompt.to_vec(),
         max_tokens: opts.max_new_tokens,
@@ -208,7 +191,7 @@ fn run_one<'t>(
     let mut text = String::new();
     let mut finish = None;
     let mut spec = SpecStats::default();
-    let mut stopped = false;
+    // Until the sequence finishes, or the caller's `false` cancels it (finish `stop`).
     while sched.is_active(slot) {
         sched.step(model, &mut |_, ev| {
             match &ev {
@@ -231,17 +214,8 @@ fn run_one<'t>(
                 }
                 Event::Error { .. } => {}
             }
-            let go = on_event(&ev);
-            if !go {
-                stopped = true;
-            }
-            go
+            on_event(&ev)
         })?;
-        if stopped && sched.is_active(slot) {
-            // The caller stopped: the sequence ends here (held-back text is dropped).
-            finish = Some(FinishReason::Stop);
-            break;
-        }
     }
     let seq = sched.cancel(slot).or_else(|| sched.take_finished(slot));
     if let Some(mut seq) = seq {

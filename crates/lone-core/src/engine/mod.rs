@@ -85,6 +85,27 @@ pub struct SpecStats {
     pub passes: usize,
 }
 
+impl SpecStats {
+    /// Share of drafted tokens accepted (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Tokens per decode pass for a sequence that generated `tokens` (the first comes from
+    /// prefill; 1 without speculation).
+    pub fn tokens_per_pass(&self, tokens: usize) -> f64 {
+        tokens.saturating_sub(1) as f64 / self.passes.max(1) as f64
+    }
+}
+
+impl std::ops::AddAssign for SpecStats {
+    fn add_assign(&mut self, o: SpecStats) {
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.passes += o.passes;
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// New text (possibly empty while it is held back for stop strings) and the token
@@ -175,6 +196,10 @@ impl<'t> Sequence<'t> {
         eos: &[u32],
         emit: &mut dyn FnMut(Event) -> bool,
     ) -> Option<End> {
+        if self.generated >= self.req.max_tokens {
+            // A budget of 0: the prompt is prefilled, nothing is emitted.
+            return Some(End::Finish(FinishReason::Length, true));
+        }
         if !self.req.ignore_eos && eos.contains(&tok) {
             return Some(End::Finish(FinishReason::Stop, true));
         }
@@ -285,8 +310,6 @@ pub struct Scheduler<'t> {
     admitted: u64,
     /// The sequence that finished last in each slot (its sampler, kept logits, counters).
     finished: Vec<Option<Sequence<'t>>>,
-    /// Speculation counters over the scheduler's lifetime.
-    pub totals: SpecStats,
 }
 
 impl<'t> Scheduler<'t> {
@@ -306,7 +329,6 @@ impl<'t> Scheduler<'t> {
             spec,
             admitted: 0,
             finished: (0..n).map(|_| None).collect(),
-            totals: SpecStats::default(),
         }
     }
 
@@ -410,7 +432,7 @@ impl<'t> Scheduler<'t> {
         let mut batch = Batch::default();
         // (slot, rows with logits, drafts) in batch order.
         let mut owners: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-        for (i, d) in drafts {
+        for (i, d) in drafts.into_iter().enumerate() {
             let Some(tok) = self.slots[i].as_ref().and_then(|a| a.next) else {
                 continue;
             };
@@ -466,18 +488,14 @@ impl<'t> Scheduler<'t> {
             row += n;
             self.verify(slot, logits, &d, &mut st, emit);
         }
-        self.totals.drafted += st.drafted;
-        self.totals.accepted += st.accepted;
         Ok(st)
     }
 
-    /// Drafts for every decoding slot (empty without speculation), in slot order.
-    fn drafts(&mut self, model: &Model) -> Result<Vec<(usize, Vec<u32>)>> {
-        let decoding: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].as_ref().is_some_and(|a| a.next.is_some()))
-            .collect();
+    /// The drafts of each slot (empty for slots not decoding, or without speculation).
+    fn drafts(&mut self, model: &Model) -> Result<Vec<Vec<u32>>> {
+        let mut out = vec![Vec::new(); self.slots.len()];
         let Some(spec) = self.spec.clone() else {
-            return Ok(decoding.into_iter().map(|i| (i, Vec::new())).collect());
+            return Ok(out);
         };
         let ctx = self.ctx;
         // Verify rows beyond this would multiply differently from a one-row decode.
@@ -509,14 +527,8 @@ impl<'t> Scheduler<'t> {
             });
             idx.push(i);
         }
-        let proposed = spec.propose(&mut ins)?;
-        drop(ins);
-        let mut out: Vec<(usize, Vec<u32>)> =
-            decoding.into_iter().map(|i| (i, Vec::new())).collect();
-        for (i, d) in idx.into_iter().zip(proposed) {
-            if let Some(o) = out.iter_mut().find(|o| o.0 == i) {
-                o.1 = d;
-            }
+        for (i, d) in idx.into_iter().zip(spec.propose(&mut ins)?) {
+            out[i] = d;
         }
         Ok(out)
     }

@@ -343,7 +343,7 @@ impl Session {
                 " | accepted {}/{} drafts, {:.2} tok/pass",
                 s.spec.accepted,
                 s.spec.drafted,
-                s.generated.saturating_sub(1) as f64 / s.spec.passes.max(1) as f64
+                s.spec.tokens_per_pass(s.generated)
             )
         } else {
             String::new()

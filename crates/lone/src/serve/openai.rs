@@ -585,21 +585,14 @@ pub fn usage(meta: &Meta, completion: usize, cached: usize, spec: SpecStats) -> 
     u
 }
 
-fn add(a: SpecStats, b: SpecStats) -> SpecStats {
-    SpecStats {
-        drafted: a.drafted + b.drafted,
-        accepted: a.accepted + b.accepted,
-        passes: a.passes + b.passes,
-    }
-}
-
 /// The whole (non-streaming) response.
 pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value {
     let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
     let cached: usize = choices.iter().map(|c| c.cached_tokens).sum();
-    let spec = choices
-        .iter()
-        .fold(SpecStats::default(), |s, c| add(s, c.spec));
+    let mut spec = SpecStats::default();
+    for c in choices {
+        spec += c.spec;
+    }
     let finish = |c: &ChoiceAcc| c.finish.unwrap_or(FinishReason::Stop).as_str();
     let cs: Vec<Value> = choices
         .iter()
@@ -740,7 +733,7 @@ impl Chunker {
                 }
                 self.completion += completion_tokens;
                 self.cached += cached_tokens;
-                self.spec = add(self.spec, spec);
+                self.spec += spec;
                 let c = match self.meta.kind {
                     Kind::Chat => json!({
                         "index": index, "delta": {}, "logprobs": null, "finish_reason": finish.as_str(),
