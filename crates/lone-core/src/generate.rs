@@ -30,6 +30,8 @@ pub struct GenerateOptions {
     pub spec: Option<Arc<Speculator>>,
     /// Override of the speculator's settings for this generation.
     pub spec_params: Option<SpecParams>,
+    /// A grammar the output must follow.
+    pub constraint: Option<crate::engine::Constraint>,
 }
 
 #[derive(Clone, Debug)]
@@ -146,6 +148,7 @@ pub fn generate_text(
         ignore_eos: opts.ignore_eos,
         spec: opts.spec_params.clone(),
         keep_logits: opts.keep_logits,
+        constraint: opts.constraint.clone(),
         ..Default::default()
     };
     let own = std::mem::replace(cache, SeqCache::new(&model.cfg, 0));
@@ -191,6 +194,7 @@ fn run_one<'t>(
     let mut text = String::new();
     let mut finish = None;
     let mut spec = SpecStats::default();
+    let mut failed = None;
     // Until the sequence finishes, or the caller's `false` cancels it (finish `stop`).
     while sched.is_active(slot) {
         sched.step(model, &mut |_, ev| {
@@ -212,10 +216,13 @@ fn run_one<'t>(
                     finish = Some(*f);
                     spec = *s;
                 }
-                Event::Error { .. } => {}
+                Event::Error { message, .. } => failed = Some(message.clone()),
             }
             on_event(&ev)
         })?;
+    }
+    if let Some(m) = failed {
+        return Err(Error::Msg(m));
     }
     let seq = sched.cancel(slot).or_else(|| sched.take_finished(slot));
     if let Some(mut seq) = seq {

@@ -24,6 +24,7 @@ pub mod tensor;
 mod test_rng;
 pub mod text;
 pub mod tokenizer;
+pub mod tools;
 
 pub use error::{Error, Result};
 pub use models::{Batch, Model};

@@ -10,11 +10,14 @@
 //! ([`Sampler::verify`]), emits the tokens it keeps, and rolls its caches back to them
 //! ([`SeqCache::reuse`]).
 
+pub mod constrain;
+mod gbnf;
 pub mod spec;
 pub mod stop;
 
 use std::sync::Arc;
 
+pub use constrain::{Constraint, ConstraintState, GrammarSpec, Grammars};
 pub use spec::{SpecParams, SpecTypes, Speculator};
 pub use stop::StopMatcher;
 
@@ -64,6 +67,10 @@ pub struct GenRequest {
     /// Keep the logits of every row a token was sampled from (`Done` does not carry them:
     /// read them from [`Scheduler::take_finished`]).
     pub keep_logits: bool,
+    /// Decode special tokens into the text (tool-call markers that are special tokens).
+    pub keep_special: bool,
+    /// A grammar the output must follow (masks applied before sampling).
+    pub constraint: Option<Constraint>,
 }
 
 /// A generated token (and its logprobs when asked for).
@@ -163,6 +170,9 @@ pub struct Sequence<'t> {
     /// Most drafted tokens to verify next pass (the ramp, [`SpecParams::ramp`]).
     draft_cap: usize,
     kept: Vec<f32>,
+    constraint: Option<ConstraintState>,
+    /// Scratch: a row of logits with the grammar's mask applied.
+    masked: Vec<f32>,
 }
 
 /// How a sequence ended after a token.
@@ -373,6 +383,7 @@ impl<'t> Scheduler<'t> {
             return Err(AdmitError::NoFreeSlot);
         };
         let cached = self.caches[slot].reuse(prompt, max);
+        let req_constraint = req.constraint.as_ref().map(Constraint::start);
         self.admitted += 1;
         self.finished[slot] = None;
         self.slots[slot] = Some(Sequence {
@@ -388,6 +399,8 @@ impl<'t> Scheduler<'t> {
             spec: SpecStats::default(),
             draft_cap: 0,
             kept: Vec::new(),
+            constraint: req_constraint,
+            masked: Vec::new(),
         });
         Ok(slot)
     }
@@ -559,7 +572,31 @@ impl<'t> Scheduler<'t> {
         for j in 0..=drafts.len() {
             let row = &logits[j * v..(j + 1) * v];
             let draft = drafts.get(j).copied();
-            let (tok, ok) = a.sampler.verify(row, &a.history, draft);
+            let (tok, ok) = match a.constraint.as_mut().filter(|c| c.active()) {
+                None => a.sampler.verify(row, &a.history, draft),
+                Some(c) => {
+                    if c.finished() {
+                        // The grammar is complete: the output ends here.
+                        end = Some(End::Finish(FinishReason::Stop, true));
+                        break;
+                    }
+                    a.masked.clear();
+                    a.masked.extend_from_slice(row);
+                    if !c.mask(&mut a.masked) {
+                        let message = format!(
+                            "constrained decoding failed: {}",
+                            c.error().unwrap_or("unknown error")
+                        );
+                        emit_here(Event::Error {
+                            index: a.req.index,
+                            message,
+                        });
+                        end = Some(End::Cancelled);
+                        break;
+                    }
+                    a.sampler.verify(&a.masked, &a.history, draft)
+                }
+            };
             if a.req.keep_logits {
                 a.kept.extend_from_slice(row);
             }
@@ -568,7 +605,11 @@ impl<'t> Scheduler<'t> {
                 st.accepted += 1;
                 took += 1;
             }
+            let emitted = a.generated;
             end = a.push(tok, row, ctx, &self.eos, &mut emit_here);
+            if let Some(c) = a.constraint.as_mut().filter(|_| a.generated > emitted) {
+                c.consume(tok, &a.history);
+            }
             if end.is_some() || !ok {
                 a.next = Some(tok);
                 break;

@@ -206,3 +206,75 @@ impl SpecArgs {
         Ok(Some(std::sync::Arc::new(spec)))
     }
 }
+
+/// Constrained-decoding flags (run): the output must follow a JSON schema, a grammar or a
+/// regular expression. Each takes a file or the text itself.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct GrammarArgs {
+    /// JSON schema the output must validate against (a file, or the schema text).
+    #[arg(long, short = 'j', value_name = "FILE|SCHEMA", conflicts_with_all = ["grammar", "regex"])]
+    pub json_schema: Option<String>,
+    /// Grammar (Lark, or llama.cpp's GBNF: `root ::= ...`) the output must follow (a file, or
+    /// the grammar text).
+    #[arg(
+        long,
+        alias = "grammar-file",
+        value_name = "FILE|GRAMMAR",
+        conflicts_with = "regex"
+    )]
+    pub grammar: Option<String>,
+    /// Regular expression the whole output must match.
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+}
+
+/// A file's text when `arg` names one, else `arg` itself.
+fn file_or_text(arg: &str) -> Result<String> {
+    let p = Path::new(arg);
+    if !arg.contains('\n') && p.is_file() {
+        return std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    }
+    Ok(arg.to_string())
+}
+
+/// Whether grammar text is GBNF (`name ::= ...`) rather than Lark.
+pub fn is_gbnf(text: &str) -> bool {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .find(|l| !l.is_empty())
+        .is_some_and(|l| l.contains("::="))
+}
+
+impl GrammarArgs {
+    pub fn spec(&self) -> Result<Option<lone_core::engine::GrammarSpec>> {
+        use lone_core::engine::GrammarSpec;
+        Ok(if let Some(s) = &self.json_schema {
+            let text = file_or_text(s)?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| "--json-schema is not valid JSON (give a file or the schema)")?;
+            Some(GrammarSpec::JsonSchema(v))
+        } else if let Some(g) = &self.grammar {
+            let text = file_or_text(g)?;
+            Some(if is_gbnf(&text) {
+                GrammarSpec::Gbnf(text)
+            } else {
+                GrammarSpec::Lark(text)
+            })
+        } else {
+            self.regex.clone().map(GrammarSpec::Regex)
+        })
+    }
+
+    pub fn build(
+        &self,
+        model: &Model,
+        text: &lone_core::text::TextIo,
+    ) -> Result<Option<lone_core::engine::Constraint>> {
+        let Some(spec) = self.spec()? else {
+            return Ok(None);
+        };
+        let g =
+            lone_core::engine::Grammars::new(&text.tokenizer, model.cfg.vocab_size, &text.eos_ids)?;
+        Ok(Some(g.compile(&spec, None)?))
+    }
+}

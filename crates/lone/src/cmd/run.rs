@@ -41,6 +41,8 @@ pub struct RunArgs {
     pub stop: Vec<String>,
     #[command(flatten)]
     pub spec: common::SpecArgs,
+    #[command(flatten)]
+    pub grammar: common::GrammarArgs,
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Print one JSON object (token ids, text, stats) instead of streaming text.
@@ -84,6 +86,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         stop: a.stop.clone(),
         spec: a.spec.build(&model, &text)?,
         spec_params: None,
+        constraint: a.grammar.build(&model, &text)?,
     };
     let mut cache = model.new_cache();
     let mut out = std::io::stdout().lock();
