@@ -51,15 +51,29 @@ impl TextIo {
 
     /// Render messages with the chat template (with the generation prompt) and tokenize.
     pub fn encode_chat(&self, messages: &[Json]) -> Result<Vec<u32>> {
-        let text = self.render_chat(messages, true)?;
+        self.encode_chat_tools(messages, None)
+    }
+
+    /// [`encode_chat`](Self::encode_chat) with `tools` (OpenAI's list) given to the template.
+    pub fn encode_chat_tools(&self, messages: &[Json], tools: Option<&Json>) -> Result<Vec<u32>> {
+        let text = self.render_chat_tools(messages, true, tools)?;
         self.tokenizer.encode(&text, false)
     }
 
     pub fn render_chat(&self, messages: &[Json], add_generation_prompt: bool) -> Result<String> {
+        self.render_chat_tools(messages, add_generation_prompt, None)
+    }
+
+    pub fn render_chat_tools(
+        &self,
+        messages: &[Json],
+        add_generation_prompt: bool,
+        tools: Option<&Json>,
+    ) -> Result<String> {
         let t = self.template.as_ref().ok_or_else(|| {
             Error::Template("this model has no chat template; use a raw prompt instead".into())
         })?;
-        t.render(messages, add_generation_prompt, None, None)
+        t.render(messages, add_generation_prompt, tools, None)
     }
 
     /// A single user turn, optionally after a system message.

@@ -237,6 +237,7 @@ fn forced_tool_calls_always_parse_and_validate() {
                         reasoning: false,
                         starts_thinking: false,
                         single_call: false,
+                        names: Vec::new(),
                     },
                     &text,
                 );

@@ -183,6 +183,9 @@ pub struct ReplyOptions {
     pub starts_thinking: bool,
     /// Keep only the first call (`parallel_tool_calls: false`).
     pub single_call: bool,
+    /// The tools that exist: a block calling another name is returned as content (empty:
+    /// any name).
+    pub names: Vec<String>,
 }
 
 /// The streaming splitter; see the module docs.
@@ -339,7 +342,15 @@ impl ReplyParser {
                     out.push(ReplyDelta::Reasoning(s.to_string()));
                 }
             }
-            State::Call => match parse_calls(inner) {
+            State::Call => match parse_calls(inner).and_then(|calls| {
+                match calls
+                    .iter()
+                    .find(|c| !self.opt.names.is_empty() && !self.opt.names.contains(&c.name))
+                {
+                    Some(c) => Err(format!("'{}' is not one of the tools", c.name)),
+                    None => Ok(calls),
+                }
+            }) {
                 Ok(calls) => {
                     for call in calls {
                         if self.opt.single_call && self.calls > 0 {

@@ -9,6 +9,7 @@ fn opts(f: ToolFormat) -> ReplyOptions {
         reasoning: true,
         starts_thinking: false,
         single_call: false,
+        names: Vec::new(),
     }
 }
 

@@ -258,7 +258,8 @@ impl<'t> Worker<'t> {
         }
         let (index, prompt_len) = (p.req.index, p.req.prompt.len());
         let sampler = Sampler::new(p.req.params.clone());
-        match self.sched.admit(p.req, sampler, Some(self.text.stream())) {
+        let decoder = self.text.tokenizer.stream_decoder(!p.req.keep_special);
+        match self.sched.admit(p.req, sampler, Some(decoder)) {
             Ok(slot) => {
                 self.metrics
                     .prompt_tokens

@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod metrics;
 pub mod openai;
+pub mod tools;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -68,6 +69,9 @@ pub struct ServeArgs {
     /// Model id reported by /v1/models and accepted in `model` (default: the file or directory name).
     #[arg(long)]
     pub alias: Option<String>,
+    /// Chat template (Jinja) to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
     #[command(flatten)]
     pub spec: crate::cmd::common::SpecArgs,
 }
@@ -81,6 +85,7 @@ struct Ready {
     /// `speculative.*` fields do).
     spec_default: lone_core::engine::SpecParams,
     has_draft: bool,
+    tools: tools::ToolSupport,
 }
 
 struct AppState {
@@ -191,7 +196,16 @@ async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> 
 
 fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
     let model = common::load_model(path, a.threads)?;
-    let text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
+    let mut text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
+    if let Some(f) = &a.chat_template_file {
+        let src = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the chat template {}", f.display()))?;
+        let vars = text.tokenizer.special_tokens().template_vars();
+        text.template = Some(
+            lone_core::tokenizer::ChatTemplate::with_special_tokens(&src, &vars)
+                .with_context(|| format!("bad chat template {}", f.display()))?,
+        );
+    }
     let max_pos = model.cfg.max_position_embeddings;
     let ctx = match a.ctx {
         Some(c) if c > max_pos => {
@@ -213,6 +227,8 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
     let spec = a.spec.build(&model, &text)?;
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
     let has_draft = spec.as_ref().is_some_and(|s| s.draft_model().is_some());
+    let tools =
+        tools::ToolSupport::new(&text, vocab).context("cannot set up constrained decoding")?;
     let engine = Engine::start(model, text.clone(), cfg, metrics.clone(), spec)
         .context("cannot start the engine thread")?;
     Ok(Ready {
@@ -222,6 +238,7 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         vocab,
         spec_default,
         has_draft,
+        tools,
     })
 }
 
@@ -259,6 +276,7 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/apply-template", post(apply_template))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
@@ -390,6 +408,47 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// llama-server's `POST /apply-template`: the prompt a chat request would be rendered to
+/// (`{"prompt": …}`), tools and tool calls included.
+async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let body =
+            body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
+        let Some(ready) = st.ready.get() else {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable_error",
+                "The model is loading; retry shortly.",
+            ));
+        };
+        let v = openai::parse_body(&body)?;
+        let (msgs, plan) = chat_messages(ready, &v)?;
+        let prompt = tokio::task::block_in_place(|| {
+            ready
+                .text
+                .render_chat_tools(&msgs, true, plan.template_tools.as_ref())
+        })
+        .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
+        Ok(json!({ "prompt": prompt }))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A chat request's messages as the template gets them, and what its tools ask for.
+fn chat_messages(ready: &Ready, v: &Value) -> Result<(Vec<Value>, tools::ChatPlan), ApiError> {
+    let f: openai::ChatFields = openai::fields(v)?;
+    let tool_fields: tools::ToolFields = openai::fields(v)?;
+    let plan = tokio::task::block_in_place(|| tools::plan(&ready.tools, &tool_fields))?;
+    let msgs = openai::normalize_messages(&f.messages)?;
+    Ok((tools::template_messages(&ready.tools, msgs, &plan), plan))
+}
+
 async fn chat_completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -460,14 +519,29 @@ async fn handle(
     let text = &ready.text;
 
     // Prompts (several for a completions list) and logprobs.
+    // Chat: the messages as the template gets them; both: the grammar the output follows.
+    let (msgs, plan) = match kind {
+        Kind::Chat => {
+            let (m, p) = chat_messages(ready, &v)?;
+            (m, p)
+        }
+        Kind::Completion => {
+            let tool_fields: tools::ToolFields = openai::fields(&v)?;
+            let p = tokio::task::block_in_place(|| tools::plan(&ready.tools, &tool_fields))?;
+            if p.template_tools.is_some() {
+                return Err(bad_request("tools", "'tools' are for /v1/chat/completions"));
+            }
+            (Vec::new(), p)
+        }
+    };
     let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
-            let msgs = openai::normalize_messages(&f.messages)?;
             // Templates and tokenizers can take a while on big inputs: off the async workers.
-            let ids = tokio::task::block_in_place(|| text.encode_chat(&msgs)).map_err(|e| {
-                bad_request("messages", format!("cannot apply the chat template: {e}"))
-            })?;
+            let ids = tokio::task::block_in_place(|| {
+                text.encode_chat_tools(&msgs, plan.template_tools.as_ref())
+            })
+            .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
             let lp = match (f.logprobs.unwrap_or(false), f.top_logprobs) {
                 (_, Some(k)) if k > openai::MAX_TOP_LOGPROBS => {
                     return Err(openai::ApiError::invalid(
@@ -606,6 +680,8 @@ async fn handle(
                 logprobs,
                 index,
                 spec: spec.clone(),
+                keep_special: plan.keep_special,
+                constraint: plan.constraint.clone(),
                 ..Default::default()
             });
         }
@@ -619,6 +695,7 @@ async fn handle(
         prompt_tokens: prompts.iter().map(Vec::len).sum(),
         logprobs: logprobs.is_some(),
         include_usage: settings.include_usage,
+        reply: (kind == Kind::Chat).then(|| plan.reply.clone()),
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     match ready.engine.submit(reqs, tx) {

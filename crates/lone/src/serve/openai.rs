@@ -553,6 +553,16 @@ pub struct Meta {
     /// Whether logprobs were asked for.
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Chat: how to split the text into content, reasoning and tool calls.
+    pub reply: Option<lone_core::tools::ReplyOptions>,
+}
+
+/// `tool_calls` when the model called tools and stopped by itself.
+fn finish_str(finish: Option<FinishReason>, calls: usize) -> &'static str {
+    match finish.unwrap_or(FinishReason::Stop) {
+        FinishReason::Stop if calls > 0 => "tool_calls",
+        f => f.as_str(),
+    }
 }
 
 /// One choice's result, gathered for a non-streaming response.
@@ -593,17 +603,30 @@ pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value
     for c in choices {
         spec += c.spec;
     }
-    let finish = |c: &ChoiceAcc| c.finish.unwrap_or(FinishReason::Stop).as_str();
+    let finish = |c: &ChoiceAcc| finish_str(c.finish, 0);
     let cs: Vec<Value> = choices
         .iter()
         .enumerate()
         .map(|(i, c)| match meta.kind {
-            Kind::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": if meta.logprobs { json!({"content": chat_logprobs(text, &c.tokens)}) } else { Value::Null },
-                "finish_reason": finish(c),
-            }),
+            Kind::Chat => {
+                let opt = meta.reply.clone().unwrap_or(lone_core::tools::ReplyOptions {
+                    tools: None,
+                    reasoning: false,
+                    starts_thinking: false,
+                    single_call: false,
+                    names: Vec::new(),
+                });
+                let reply = lone_core::tools::parse_reply(opt, &c.text);
+                for w in &reply.warnings {
+                    eprintln!("lone serve: warning: {w}");
+                }
+                json!({
+                    "index": i,
+                    "message": super::tools::message(&reply),
+                    "logprobs": if meta.logprobs { json!({"content": chat_logprobs(text, &c.tokens)}) } else { Value::Null },
+                    "finish_reason": finish_str(c.finish, reply.calls.len()),
+                })
+            }
             Kind::Completion => json!({
                 "index": i,
                 "text": c.text,
@@ -636,12 +659,21 @@ pub struct Chunker {
     spec: SpecStats,
     cached: usize,
     failed: bool,
+    /// Chat: one reply parser per choice.
+    parsers: Vec<lone_core::tools::ReplyParser>,
 }
 
 impl Chunker {
     pub fn new(meta: Meta, text: Arc<TextIo>) -> Chunker {
         let n = meta.choices;
+        let parsers = match &meta.reply {
+            Some(o) => (0..n)
+                .map(|_| lone_core::tools::ReplyParser::new(o.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
         Chunker {
+            parsers,
             meta,
             text,
             done: vec![false; n],
@@ -705,12 +737,36 @@ impl Chunker {
                     *l += text.len();
                 }
                 let c = match self.meta.kind {
-                    Kind::Chat => json!({
-                        "index": index,
-                        "delta": {"content": text},
-                        "logprobs": if with_lp { json!({"content": chat_logprobs(&self.text, &tokens)}) } else { Value::Null },
-                        "finish_reason": null,
-                    }),
+                    Kind::Chat => {
+                        let mut ds = match self.parsers.get_mut(index) {
+                            Some(p) => p
+                                .push(&text)
+                                .into_iter()
+                                .flat_map(super::tools::deltas)
+                                .collect(),
+                            None => vec![json!({"content": text})],
+                        };
+                        if ds.is_empty() && with_lp {
+                            ds.push(json!({"content": ""}));
+                        }
+                        let lp = if with_lp {
+                            json!({"content": chat_logprobs(&self.text, &tokens)})
+                        } else {
+                            Value::Null
+                        };
+                        return ds
+                            .into_iter()
+                            .enumerate()
+                            .map(|(k, d)| {
+                                self.chunk(vec![json!({
+                                    "index": index,
+                                    "delta": d,
+                                    "logprobs": if k == 0 { lp.clone() } else { Value::Null },
+                                    "finish_reason": null,
+                                })])
+                            })
+                            .collect();
+                    }
                     Kind::Completion => json!({
                         "index": index,
                         "text": text,
@@ -734,15 +790,31 @@ impl Chunker {
                 self.completion += completion_tokens;
                 self.cached += cached_tokens;
                 self.spec += spec;
+                let mut out = Vec::new();
+                let mut calls = 0;
+                if let Some(p) = self.parsers.get_mut(index) {
+                    let ds: Vec<Value> = p
+                        .finish()
+                        .into_iter()
+                        .flat_map(super::tools::deltas)
+                        .collect();
+                    calls = p.calls();
+                    for d in ds {
+                        out.push(self.chunk(vec![json!({
+                            "index": index, "delta": d, "logprobs": null, "finish_reason": null,
+                        })]));
+                    }
+                }
                 let c = match self.meta.kind {
                     Kind::Chat => json!({
-                        "index": index, "delta": {}, "logprobs": null, "finish_reason": finish.as_str(),
+                        "index": index, "delta": {}, "logprobs": null, "finish_reason": finish_str(Some(finish), calls),
                     }),
                     Kind::Completion => json!({
                         "index": index, "text": "", "logprobs": null, "finish_reason": finish.as_str(),
                     }),
                 };
-                vec![self.chunk(vec![c])]
+                out.push(self.chunk(vec![c]));
+                out
             }
             Event::Error { message, .. } => {
                 self.failed = true;

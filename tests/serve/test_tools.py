@@ -1,0 +1,297 @@
+"""Tool calling and structured output through the official openai client (and langchain-openai):
+tools / tool_choice / parallel_tool_calls, streamed tool calls, the tool round trip rendered by the
+real templates, response_format json_object / json_schema, client.chat.completions.parse with a
+pydantic model, llama-server's grammar / json_schema fields, and bad requests as 400s."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+from conftest import ROOT, SMOL, TINY, Server, need_smol
+
+REF = ROOT / "tests" / "reference" / "tokenizer"
+TEMPLATES = REF / "assets" / "chat-templates"
+CHAT = json.loads((REF / "expected" / "chat.json").read_text())
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "The time now", "parameters": {"type": "object", "properties": {}}},
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def accumulate(stream):
+    """Accumulated streamed deltas: content, reasoning, calls by index, finish reasons."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            for tc in d.tool_calls or []:
+                a = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    assert a["id"] is None, "the id comes once, in the first chunk of a call"
+                    a["id"] = tc.id
+                if tc.function and tc.function.name:
+                    a["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    a["arguments"] += tc.function.arguments
+            if c.finish_reason:
+                finish = c.finish_reason
+    return content, reasoning, calls, finish
+
+
+@pytest.fixture(scope="module")
+def smol_tools():
+    need_smol()
+    s = Server(SMOL, "--parallel", "2")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_tools():
+    s = Server(TINY, "--parallel", "2", "--ctx", "2048")
+    yield s
+    s.stop()
+
+
+def test_required_tool_call_non_streaming_and_streaming(smol_tools):
+    c = smol_tools.client()
+    kw = dict(model=smol_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+              parallel_tool_calls=False, temperature=0, max_tokens=80)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content is None
+    assert len(ch.message.tool_calls) == 1
+    call = ch.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in ("get_weather", "get_time")
+    args = json.loads(call.function.arguments)
+    params = WEATHER if call.function.name == "get_weather" else TIME
+    jsonschema.validate(args, params["function"]["parameters"])
+    content, _, calls, finish = accumulate(c.chat.completions.create(**kw, stream=True))
+    assert finish == "tool_calls" and content == ""
+    assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == [(call.function.name, args)]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_named_tool_choice_and_none(smol_tools):
+    c = smol_tools.client()
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for seed in range(3):
+        r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice=named,
+                                      temperature=1, seed=seed, max_tokens=60, parallel_tool_calls=False)
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert [t.function.name for t in r.choices[0].message.tool_calls] == ["get_time"]
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {}
+    r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="none",
+                                  temperature=0, max_tokens=20)
+    assert r.choices[0].message.tool_calls is None
+    assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content
+
+
+def test_forced_calls_are_valid_at_temperature_one(smol_tools):
+    c = smol_tools.client()
+    for seed in range(6):
+        r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                      temperature=1, seed=seed, max_tokens=120)
+        ch = r.choices[0]
+        if ch.finish_reason == "length":
+            continue  # a budget cut is allowed to leave a call unfinished; none may be malformed
+        assert ch.finish_reason == "tool_calls", ch
+        for t in ch.message.tool_calls:
+            jsonschema.validate(json.loads(t.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_tool_round_trip(smol_tools):
+    c = smol_tools.client()
+    r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                  parallel_tool_calls=False, temperature=0, max_tokens=60)
+    call = r.choices[0].message.tool_calls[0]
+    msgs = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21, "sky": "sunny"})},
+    ]
+    r2 = c.chat.completions.create(model=smol_tools.model, messages=msgs, tools=[WEATHER], temperature=0, max_tokens=30)
+    assert r2.choices[0].message.content
+    # The call and the result are in the prompt the model saw.
+    p = smol_tools.post("/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
+    assert '"get_weather"' in p and '"temp": 21' in p and "get_weather" in p.split("<|im_start|>assistant")[1]
+
+
+def expected(name):
+    (case,) = [c for c in CHAT["cases"] if c["name"] == name]
+    return case
+
+
+def openai_messages(msgs):
+    """The messages as an OpenAI client sends them: tool-call arguments as JSON strings."""
+    out = []
+    for m in msgs:
+        m = dict(m)
+        if "tool_calls" in m:
+            m["tool_calls"] = [
+                {**tc, "function": {**tc["function"], "arguments": json.dumps(tc["function"]["arguments"], ensure_ascii=False)}}
+                for tc in m["tool_calls"]
+            ]
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("template,case,bos", [
+    ("Qwen2.5-Instruct.jinja", "qwen2.5/tools/agp=True/tools", ""),
+    ("LFM2.5-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja/tools/agp=True/tools", "<|startoftext|>"),
+    ("LFM2.5-Instruct.jinja", "LFM2.5-Instruct.jinja/tools_list/agp=True/tools", "<|startoftext|>"),
+])
+def test_real_templates_render_tools_as_transformers(template, case, bos):
+    """The tools and the tool round trip rendered by the real templates, byte for byte as
+    transformers' apply_chat_template (the fixture's BOS differs from the real one)."""
+    s = Server(TINY, "--chat-template-file", str(TEMPLATES / template), "--ctx", "2048")
+    try:
+        c = expected(case)
+        body = {"messages": openai_messages(c["messages"]), "tools": c["tools"]}
+        got = s.post("/apply-template", json=body).json()["prompt"]
+        want = c["expected"]["ok"]
+        assert want.startswith(bos)
+        tiny_bos = "<|im_start|>" if bos else ""
+        assert got.startswith(tiny_bos)
+        assert got[len(tiny_bos):] == want[len(bos):]
+        # And a chat request with them runs.
+        r = s.client().chat.completions.create(model=s.model, messages=body["messages"], tools=c["tools"], max_tokens=5)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        s.stop()
+
+
+def test_streamed_tool_calls_equal_non_streamed_on_random_weights(tiny_tools):
+    """A model that knows nothing, forced to call: every seed gives a valid call, and the
+    accumulated stream equals the non-streamed message."""
+    c = tiny_tools.client()
+    for seed in range(6):
+        kw = dict(model=tiny_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                  temperature=1, seed=seed, max_tokens=1500)
+        r = c.chat.completions.create(**kw)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        content, _, calls, finish = accumulate(c.chat.completions.create(**kw, stream=True))
+        assert finish == "tool_calls" and content == "" and ch.message.content is None
+        got = [(v["name"], json.loads(v["arguments"])) for v in calls.values()]
+        assert got == [(t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls]
+        for name, args in got:
+            jsonschema.validate(args, (WEATHER if name == "get_weather" else TIME)["function"]["parameters"])
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema_and_json_object(smol_tools):
+    c = smol_tools.client()
+    msgs = [{"role": "user", "content": "Describe a person named Ada who is 36 as JSON."}]
+    for stream in (False, True):
+        kw = dict(model=smol_tools.model, messages=msgs, temperature=0, max_tokens=80,
+                  response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}})
+        if stream:
+            text = accumulate(c.chat.completions.create(**kw, stream=True))[0]
+        else:
+            r = c.chat.completions.create(**kw)
+            assert r.choices[0].finish_reason == "stop"
+            text = r.choices[0].message.content
+        jsonschema.validate(json.loads(text), PERSON_SCHEMA)
+    r = c.chat.completions.create(model=smol_tools.model, messages=msgs, temperature=0, max_tokens=150,
+                                  response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_parse_with_pydantic(smol_tools):
+    c = smol_tools.client()
+    parse = getattr(c.chat.completions, "parse", None) or c.beta.chat.completions.parse
+    r = parse(model=smol_tools.model, messages=[{"role": "user", "content": "Ada is 36. Give her as JSON."}],
+              response_format=Person, temperature=0, max_tokens=60)
+    p = r.choices[0].message.parsed
+    assert isinstance(p, Person) and isinstance(p.age, int)
+
+
+def test_llama_server_grammar_and_json_schema_fields(tiny_tools):
+    for seed in range(4):
+        r = tiny_tools.post("/v1/chat/completions", json={
+            "messages": ASK, "temperature": 1, "seed": seed, "max_tokens": 200,
+            "grammar": 'root ::= ("yes" | "no") ", " [0-9]{1,3}'}).json()
+        text = r["choices"][0]["message"]["content"]
+        a, b = text.split(", ")
+        assert a in ("yes", "no") and b.isdigit() and len(b) <= 3
+        r = tiny_tools.post("/v1/completions", json={
+            "prompt": "x", "temperature": 1, "seed": seed, "max_tokens": 400, "json_schema": PERSON_SCHEMA}).json()
+        jsonschema.validate(json.loads(r["choices"][0]["text"]), PERSON_SCHEMA)
+
+
+BAD = [
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "response_format"),
+    ({"grammar": "root ::= [a-"}, "grammar"),
+    ({"grammar": "start: undefined_rule"}, "grammar"),
+    ({"json_schema": [1]}, "json_schema"),
+]
+
+
+@pytest.mark.parametrize("extra,param", BAD)
+def test_bad_tool_requests_are_400(tiny_tools, extra, param):
+    r = tiny_tools.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_langchain_bind_tools_and_structured_output(smol_tools):
+    lc = pytest.importorskip("langchain_openai")
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        return "sunny"
+
+    llm = lc.ChatOpenAI(base_url=smol_tools.base + "/v1", api_key="none", model=smol_tools.model,
+                        temperature=0, max_tokens=80)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
+    p = llm.with_structured_output(Person, method="json_schema").invoke("Ada is 36. Give her as JSON.")
+    assert isinstance(p, Person)
