@@ -494,3 +494,66 @@ fn bad_speculation_options_are_errors() {
         );
     }
 }
+
+#[test]
+fn grammar_options_on_run() {
+    let dir = fixture("lfm2_a");
+    let d = dir.to_str().unwrap();
+    let schema = r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"], "additionalProperties": false}"#;
+    let schema_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(schema_file.path(), schema).unwrap();
+    let gbnf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(gbnf.path(), "root ::= (\"ab\" | \"cd\") [0-9]\n").unwrap();
+    for seed in ["1", "2", "3"] {
+        let base = [
+            "--model",
+            d,
+            "--prompt",
+            "x",
+            "-n",
+            "300",
+            "--temperature",
+            "1",
+            "--seed",
+            seed,
+        ];
+        for schema_arg in [schema, schema_file.path().to_str().unwrap()] {
+            let g = run_json(&[&base[..], &["--json-schema", schema_arg]].concat());
+            let v: serde_json::Value = serde_json::from_str(g["text"].as_str().unwrap()).unwrap();
+            let n = v["n"].as_i64().unwrap();
+            assert!(
+                (0..=99).contains(&n) && v.as_object().unwrap().len() == 1,
+                "{v}"
+            );
+            assert_eq!(g["finish_reason"], "stop");
+        }
+        let g = run_json(&[&base[..], &["--regex", "(yes|no)!"]].concat());
+        assert!(
+            ["yes!", "no!"].contains(&g["text"].as_str().unwrap()),
+            "{g}"
+        );
+        let g = run_json(&[&base[..], &["--grammar", gbnf.path().to_str().unwrap()]].concat());
+        let t = g["text"].as_str().unwrap();
+        assert!(
+            t.len() == 3 && (t.starts_with("ab") || t.starts_with("cd")),
+            "{t}"
+        );
+        let g = run_json(&[&base[..], &["--grammar", "start: \"x\" /[0-9]{2}/"]].concat());
+        assert_eq!(g["text"].as_str().unwrap().len(), 3, "{g}");
+    }
+    for (args, needle) in [
+        (&["--json-schema", "{not json"][..], "not valid JSON"),
+        (&["--grammar", "root ::= [a-"][..], "invalid GBNF grammar"),
+        (&["--regex", "(x"][..], "invalid grammar"),
+        (
+            &["--regex", "a", "--json-schema", "{}"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let out = lone()
+            .args([&["run", "--model", d, "--prompt", "x"][..], args].concat())
+            .output()
+            .unwrap();
+        expect_error(out, needle);
+    }
+}

@@ -102,21 +102,27 @@ impl Grammars {
     /// For `tok`, whose model has `vocab` logits (at least the tokenizer's size) and stops at
     /// `eos`.
     pub fn new(tok: &Tokenizer, vocab: usize, eos: &[u32]) -> Result<Grammars> {
-        let json = serde_json::to_value(tok.inner())
-            .map_err(|e| Error::Tokenizer(format!("cannot serialise the tokenizer: {e}")))?;
-        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
-            .map_err(|e| Error::Tokenizer(format!("cannot read the token bytes: {e}")))?;
+        let mut words = tok.all_token_bytes(TokTrie::SPECIAL_TOKEN_MARKER);
         if words.len() > vocab {
             return Err(Error::Tokenizer(format!(
                 "the tokenizer has {} tokens but the model only {vocab} logits",
                 words.len()
             )));
         }
-        // Logits past the tokenizer (padding rows) are tokens that never match.
-        while words.len() < vocab {
-            let mut name = format!(".<[{}]>", words.len()).into_bytes();
+        // Logits past the tokenizer (padding rows) and ids without text are tokens that
+        // never match.
+        let placeholder = |id: usize| {
+            let mut name = format!(".<[{id}]>").into_bytes();
             name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
-            words.push(name);
+            name
+        };
+        for (id, w) in words.iter_mut().enumerate() {
+            if w.is_empty() {
+                *w = placeholder(id);
+            }
+        }
+        while words.len() < vocab {
+            words.push(placeholder(words.len()));
         }
         let first_eos = eos
             .first()

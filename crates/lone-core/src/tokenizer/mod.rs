@@ -17,6 +17,9 @@ pub use chat_template::{ChatMessage, ChatTemplate};
 pub use gguf::GgufVocab;
 pub use stream::StreamDecoder;
 
+mod bytes;
+pub use bytes::byte_level_inverse;
+
 use crate::error::{Error, Result};
 use crate::loader::gguf::GgufFile;
 

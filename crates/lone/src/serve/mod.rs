@@ -227,8 +227,7 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
     let spec = a.spec.build(&model, &text)?;
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
     let has_draft = spec.as_ref().is_some_and(|s| s.draft_model().is_some());
-    let tools =
-        tools::ToolSupport::new(&text, vocab).context("cannot set up constrained decoding")?;
+    let tools = tools::ToolSupport::new(&text, vocab);
     let engine = Engine::start(model, text.clone(), cfg, metrics.clone(), spec)
         .context("cannot start the engine thread")?;
     Ok(Ready {

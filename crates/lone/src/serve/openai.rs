@@ -439,47 +439,8 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-/// The raw bytes a token stands for (for logprobs `bytes`).
-pub fn token_bytes(text: &TextIo, id: u32) -> Vec<u8> {
-    let tok = &text.tokenizer;
-    if let Some(piece) = tok.id_to_token(id) {
-        if let Some(hex) = piece.strip_prefix("<0x").and_then(|s| s.strip_suffix('>')) {
-            if let Ok(b) = u8::from_str_radix(hex, 16) {
-                return vec![b];
-            }
-        }
-        if let Some(b) = byte_level_inverse(&piece) {
-            return b;
-        }
-        return piece.replace('\u{2581}', " ").into_bytes();
-    }
-    tok.decode(&[id], false).unwrap_or_default().into_bytes()
-}
-
-/// Undo GPT-2's byte-to-unicode mapping; `None` if `s` has characters outside it.
-fn byte_level_inverse(s: &str) -> Option<Vec<u8>> {
-    let direct =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let shifted: Vec<u8> = (0u32..256)
-        .filter(|&b| !direct(b))
-        .map(|b| b as u8)
-        .collect();
-    s.chars()
-        .map(|c| {
-            let c = c as u32;
-            if direct(c) {
-                Some(c as u8)
-            } else if (256..256 + shifted.len() as u32).contains(&c) {
-                Some(shifted[(c - 256) as usize])
-            } else {
-                None
-            }
-        })
-        .collect()
-}
-
 fn token_string(text: &TextIo, id: u32) -> (String, Vec<u8>) {
-    let b = token_bytes(text, id);
+    let b = text.tokenizer.token_bytes(id);
     (String::from_utf8_lossy(&b).into_owned(), b)
 }
 
@@ -843,18 +804,6 @@ impl Chunker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_level_inverse_maps_gpt2_alphabet() {
-        assert_eq!(byte_level_inverse("\u{120}the").unwrap(), b" the");
-        assert_eq!(byte_level_inverse("\u{10a}").unwrap(), b"\n");
-        assert_eq!(
-            byte_level_inverse("\u{e2}\u{122}").unwrap(),
-            vec![0xe2, 0x80]
-        );
-        assert!(byte_level_inverse("\u{80}").is_none());
-        assert!(byte_level_inverse("\u{2581}the").is_none());
-    }
 
     #[test]
     fn wrong_types_name_the_field() {

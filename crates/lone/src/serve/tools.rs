@@ -24,23 +24,28 @@ pub struct ToolSupport {
     /// The template renders assistant `tool_calls` itself (else lone writes them into the
     /// content as the model would have).
     pub template_has_tool_calls: bool,
-    pub grammars: Grammars,
+    /// `Err`: why constrained decoding is unavailable for this tokenizer.
+    pub grammars: Result<Grammars, String>,
 }
 
 impl ToolSupport {
-    pub fn new(text: &TextIo, vocab: usize) -> lone_core::Result<ToolSupport> {
+    pub fn new(text: &TextIo, vocab: usize) -> ToolSupport {
         let src = text.template.as_ref().map(|t| t.source());
         let tok = &text.tokenizer;
         let format = ToolFormat::detect(src, |t| tok.token_to_id(t).is_some());
         let start = format.markers().0;
         let special_markers = tok.token_to_id(start).is_some_and(|id| tok.is_special(id));
-        Ok(ToolSupport {
+        let grammars = Grammars::new(tok, vocab, &text.eos_ids).map_err(|e| e.to_string());
+        if let Err(e) = &grammars {
+            eprintln!("lone serve: warning: constrained decoding is off: {e}");
+        }
+        ToolSupport {
             format,
             special_markers,
             template_has_tools: src.is_some_and(|s| s.contains("tools")),
             template_has_tool_calls: src.is_some_and(|s| s.contains("tool_calls")),
-            grammars: Grammars::new(tok, vocab, &text.eos_ids)?,
-        })
+            grammars,
+        }
     }
 }
 
@@ -148,12 +153,14 @@ fn parse_choice(v: Option<&Value>, tools: &[Tool]) -> Result<Choice, ApiError> {
             "none" => Choice::None,
             "auto" => Choice::Auto,
             "required" => Choice::Required,
-            other => return Err(bad(
-                "tool_choice",
-                format!(
+            other => {
+                return Err(bad(
+                    "tool_choice",
+                    format!(
                     "'tool_choice' must be 'none', 'auto', 'required' or a function, got '{other}'"
                 ),
-            )),
+                ))
+            }
         },
         Some(Value::Object(o)) => {
             let name = o
@@ -245,9 +252,13 @@ pub fn plan(sup: &ToolSupport, f: &ToolFields) -> Result<ChatPlan, ApiError> {
     let output = output_grammar(f)?;
     let calling = choice != Choice::None && !tools.is_empty();
     let compile = |spec: &GrammarSpec, lazy: Option<&str>, param: &str| {
-        sup.grammars
-            .compile(spec, lazy)
-            .map_err(|e| bad(param, e.to_string()))
+        let g = sup.grammars.as_ref().map_err(|e| {
+            bad(
+                param,
+                format!("constrained decoding is not available for this model: {e}"),
+            )
+        })?;
+        g.compile(spec, lazy).map_err(|e| bad(param, e.to_string()))
     };
     let chosen: Vec<ToolSpec> = match &choice {
         Choice::Named(n) => tools
