@@ -295,3 +295,48 @@ def test_langchain_bind_tools_and_structured_output(smol_tools):
     assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
     p = llm.with_structured_output(Person, method="json_schema").invoke("Ada is 36. Give her as JSON.")
     assert isinstance(p, Person)
+
+
+def prompt_cache_turns(model, n_convs=3, turns=3, max_tokens=16):
+    """Conversations taking turns through one slot, on a server with the prompt cache and one
+    without: the replies must be equal; returns (prompt tokens, cached tokens, previous
+    prompt+reply tokens) per returning turn."""
+    cached = Server(model, "--parallel", "1", "--ctx", "2048")
+    plain = Server(model, "--parallel", "1", "--ctx", "2048", "--cache-ram", "0")
+    out = []
+    try:
+        convs = [[{"role": "user", "content": f"Conversation {i}: tell me about the number {i * 7}."}] for i in range(n_convs)]
+        before = [0] * n_convs
+        for turn in range(turns):
+            for i, msgs in enumerate(convs):
+                kw = dict(messages=msgs, temperature=0, max_tokens=max_tokens)
+                r = cached.client().chat.completions.create(model=cached.model, **kw)
+                want = plain.client().chat.completions.create(model=plain.model, **kw)
+                assert r.choices[0].message.content == want.choices[0].message.content
+                u = r.usage
+                if turn > 0:
+                    out.append((u.prompt_tokens, u.prompt_tokens_details.cached_tokens, before[i]))
+                    assert want.usage.prompt_tokens_details.cached_tokens < u.prompt_tokens_details.cached_tokens
+                before[i] = u.prompt_tokens + u.completion_tokens
+                msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": f"And turn {turn + 1}?"}]
+        m = cached.metrics()
+        assert m["lone_prompt_cache_hits_total"] >= n_convs * (turns - 1) and m["lone_prompt_cache_bytes"] > 0
+    finally:
+        cached.stop()
+        plain.stop()
+    return out
+
+
+def test_prompt_cache_resumes_conversations_evicted_from_their_slot():
+    """Random weights (a hybrid LFM2): replies re-tokenize differently from how they were
+    generated, so at least the previous prompt comes from its snapshot."""
+    for prompt, cached, prev in prompt_cache_turns(TINY):
+        assert cached >= prev - 16 - 1 and cached < prompt, (prompt, cached, prev)
+
+
+def test_prompt_cache_real_model_prefills_only_the_new_turn():
+    need_smol()
+    for prompt, cached, prev in prompt_cache_turns(SMOL, max_tokens=24):
+        # All of the previous prompt and reply (but the reply's last token, never fed).
+        assert cached >= prev - 1 and prompt - cached <= 20, (prompt, cached, prev)

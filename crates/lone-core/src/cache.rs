@@ -278,6 +278,26 @@ impl SeqCache {
         self.tokens.len()
     }
 
+    /// Host memory the cache's state takes (rows stored, conv and ring state, the draft's).
+    pub fn bytes(&self) -> usize {
+        let rows = |r: &KvRows| match r {
+            KvRows::F32 { data, .. } => 4 * data.len(),
+            KvRows::F16 { data, .. } => 2 * data.len(),
+            KvRows::Q8_0 { data, .. } => data.len(),
+        };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Attention { k, v } | LayerCache::SlidingRing { k, v, .. } => {
+                    rows(k) + rows(v)
+                }
+                LayerCache::Conv { hist, .. } => 4 * hist.len(),
+            })
+            .sum();
+        layers + 4 * self.tokens.len() + self.draft.as_ref().map_or(0, |d| d.bytes())
+    }
+
     /// The tokens held.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

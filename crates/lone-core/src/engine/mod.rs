@@ -12,12 +12,14 @@
 
 pub mod constrain;
 mod gbnf;
+pub mod prompt_cache;
 pub mod spec;
 pub mod stop;
 
 use std::sync::Arc;
 
 pub use constrain::{Constraint, ConstraintState, GrammarSpec, Grammars};
+pub use prompt_cache::PromptCache;
 pub use spec::{SpecParams, SpecTypes, Speculator};
 pub use stop::StopMatcher;
 
@@ -320,6 +322,7 @@ pub struct Scheduler<'t> {
     admitted: u64,
     /// The sequence that finished last in each slot (its sampler, kept logits, counters).
     finished: Vec<Option<Sequence<'t>>>,
+    prompt_cache: Option<PromptCache>,
 }
 
 impl<'t> Scheduler<'t> {
@@ -339,7 +342,18 @@ impl<'t> Scheduler<'t> {
             spec,
             admitted: 0,
             finished: (0..n).map(|_| None).collect(),
+            prompt_cache: None,
         }
+    }
+
+    /// Keep snapshots of finished prompts and replies in up to `budget` bytes of host memory
+    /// ([`PromptCache`]); 0 turns it off.
+    pub fn set_prompt_cache(&mut self, budget: usize) {
+        self.prompt_cache = (budget > 0).then(|| PromptCache::new(budget));
+    }
+
+    pub fn prompt_cache(&self) -> Option<&PromptCache> {
+        self.prompt_cache.as_ref()
     }
 
     pub fn free_slots(&self) -> usize {
@@ -382,6 +396,18 @@ impl<'t> Scheduler<'t> {
         else {
             return Err(AdmitError::NoFreeSlot);
         };
+        if let Some(pc) = &mut self.prompt_cache {
+            let c = &mut self.caches[slot];
+            let own = c.reusable(prompt, max);
+            if let Some((snap, _)) = pc.lookup(prompt, max, own) {
+                // The slot's content is kept as a snapshot; the better one comes in.
+                let old = std::mem::replace(c, snap);
+                pc.insert(&old);
+            } else if own < c.len() {
+                // What the slot holds past the shared prefix is about to go: keep it.
+                pc.insert(c);
+            }
+        }
         let cached = self.caches[slot].reuse(prompt, max);
         let req_constraint = req.constraint.as_ref().map(Constraint::start);
         self.admitted += 1;
@@ -562,6 +588,12 @@ impl<'t> Scheduler<'t> {
         };
         let mut emit_here = |e: Event| emit(slot, e);
         let decoding = a.next.is_some();
+        if !decoding {
+            // The prompt is in the cache: a snapshot for conversations that come back.
+            if let Some(pc) = &mut self.prompt_cache {
+                pc.insert(&self.caches[slot]);
+            }
+        }
         if decoding {
             a.spec.passes += 1;
             a.spec.drafted += drafts.len();

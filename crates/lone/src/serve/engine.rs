@@ -26,6 +26,8 @@ pub struct EngineConfig {
     pub queue: usize,
     /// Context length: prompt + generated tokens of one sequence.
     pub ctx: usize,
+    /// Bytes of host memory for prompt-cache snapshots (0: off).
+    pub cache_ram: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,13 +82,15 @@ impl Engine {
             metrics,
         });
         let sh = shared.clone();
-        let ctx = cfg.ctx;
+        let (ctx, cache_ram) = (cfg.ctx, cfg.cache_ram);
         let thread = std::thread::Builder::new()
             .name("lone-engine".into())
             .spawn(move || {
                 let caches = (0..parallel).map(|_| model.new_cache()).collect();
+                let mut sched = Scheduler::new(caches, ctx, text.eos_ids.clone(), spec);
+                sched.set_prompt_cache(cache_ram);
                 let mut w = Worker {
-                    sched: Scheduler::new(caches, ctx, text.eos_ids.clone(), spec),
+                    sched,
                     txs: (0..parallel).map(|_| None).collect(),
                     model: &model,
                     text: &text,
@@ -220,9 +224,13 @@ impl<'t> Worker<'t> {
     }
 
     fn update_active(&self) {
-        self.metrics
-            .active_slots
-            .store(self.sched.active() as u64, Relaxed);
+        let m = &self.metrics;
+        m.active_slots.store(self.sched.active() as u64, Relaxed);
+        if let Some(pc) = self.sched.prompt_cache() {
+            m.prompt_cache_bytes.store(pc.bytes() as u64, Relaxed);
+            m.prompt_cache_entries.store(pc.len() as u64, Relaxed);
+            m.prompt_cache_hits.store(pc.hits, Relaxed);
+        }
     }
 
     /// Free the slots whose client went away.
@@ -339,12 +347,26 @@ mod tests {
         start_spec(name, parallel, queue, None)
     }
 
+    fn start_cached(name: &str, parallel: usize, cache_ram: usize) -> (Engine, Arc<Metrics>) {
+        start_with(name, parallel, 4, None, cache_ram)
+    }
+
     /// An engine whose sequences speculate with `spec` (a draft model from fixture `draft`).
     fn start_spec(
         name: &str,
         parallel: usize,
         queue: usize,
         spec: Option<(lone_core::engine::SpecParams, Option<&str>)>,
+    ) -> (Engine, Arc<Metrics>) {
+        start_with(name, parallel, queue, spec, 0)
+    }
+
+    fn start_with(
+        name: &str,
+        parallel: usize,
+        queue: usize,
+        spec: Option<(lone_core::engine::SpecParams, Option<&str>)>,
+        cache_ram: usize,
     ) -> (Engine, Arc<Metrics>) {
         let path = fixture(name);
         let model = Model::load(&path).unwrap();
@@ -361,6 +383,7 @@ mod tests {
             parallel,
             queue,
             ctx: 2048,
+            cache_ram,
         };
         (
             Engine::start(model, text, cfg, metrics.clone(), spec).unwrap(),
@@ -450,6 +473,48 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("timed out waiting for {what}");
+    }
+
+    /// One slot, two conversations taking turns: each returning conversation starts from its
+    /// snapshot (prefills only its new turn) and generates what an uncached engine does.
+    #[test]
+    fn prompt_cache_resumes_evicted_conversations() {
+        for name in ["lfm2_a", "lfm3", "qwen2"] {
+            let (e, m) = start_cached(name, 1, 64 << 20);
+            let (plain, _) = start(name, 1, 4);
+            let base = json_ids(name, "prompt_ids.json");
+            let mut convs: Vec<Vec<u32>> =
+                vec![base.clone(), base[1..].iter().rev().copied().collect()];
+            for turn in 0..3 {
+                for (ci, conv) in convs.iter_mut().enumerate() {
+                    let o = run_one(&e, greedy(conv, 12));
+                    let want = run_one(&plain, greedy(conv, 12));
+                    assert_eq!(
+                        o.tokens, want.tokens,
+                        "{name} conversation {ci} turn {turn}"
+                    );
+                    if turn > 0 {
+                        // All but the new turn (3 tokens) came from the snapshot of the reply
+                        // (or of the prompt, up to the rollback window).
+                        assert!(
+                            o.cached + 3 >= conv.len() - 1,
+                            "{name} conv {ci} turn {turn}: cached {} of {}",
+                            o.cached,
+                            conv.len()
+                        );
+                    }
+                    conv.extend(&o.tokens);
+                    conv.extend([1, 2, 3]);
+                }
+            }
+            let metrics = m.render();
+            assert!(
+                metrics.contains("lone_prompt_cache_hits_total 4"),
+                "{metrics}"
+            );
+            e.shutdown();
+            plain.shutdown();
+        }
     }
 
     #[test]

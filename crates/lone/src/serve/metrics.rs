@@ -30,6 +30,11 @@ pub struct Metrics {
     /// Speculative decoding: tokens drafted, and those the target accepted.
     pub drafted_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
+    /// The prompt cache across conversations (`--cache-ram`): bytes and snapshots held,
+    /// prompts that started from a snapshot.
+    pub prompt_cache_bytes: AtomicU64,
+    pub prompt_cache_entries: AtomicU64,
+    pub prompt_cache_hits: AtomicU64,
 }
 
 impl Metrics {
@@ -112,6 +117,24 @@ impl Metrics {
             "gauge",
             "Sequences waiting for a slot.",
             g(&self.queue_depth).to_string(),
+        );
+        metric(
+            "lone_prompt_cache_bytes",
+            "gauge",
+            "Host memory held by prompt-cache snapshots (--cache-ram).",
+            g(&self.prompt_cache_bytes).to_string(),
+        );
+        metric(
+            "lone_prompt_cache_entries",
+            "gauge",
+            "Prompt-cache snapshots held.",
+            g(&self.prompt_cache_entries).to_string(),
+        );
+        metric(
+            "lone_prompt_cache_hits_total",
+            "counter",
+            "Prompts that started from a prompt-cache snapshot instead of their slot's cache.",
+            g(&self.prompt_cache_hits).to_string(),
         );
         metric(
             "lone_active_slots",

@@ -69,6 +69,15 @@ pub struct ServeArgs {
     /// Model id reported by /v1/models and accepted in `model` (default: the file or directory name).
     #[arg(long)]
     pub alias: Option<String>,
+    /// Host memory (MiB) for snapshots of finished prompts and replies, so conversations that
+    /// lost their slot resume without prefilling again (LRU; 0 = off, -1 = no limit).
+    #[arg(
+        long,
+        default_value_t = 8192,
+        allow_negative_numbers = true,
+        value_name = "MiB"
+    )]
+    pub cache_ram: i64,
     /// Chat template (Jinja) to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
@@ -223,6 +232,10 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         parallel: a.parallel,
         queue: a.queue,
         ctx,
+        cache_ram: match a.cache_ram {
+            n if n < 0 => usize::MAX,
+            n => (n as usize).saturating_mul(1 << 20),
+        },
     };
     let spec = a.spec.build(&model, &text)?;
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
