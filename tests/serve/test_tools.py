@@ -340,3 +340,83 @@ def test_prompt_cache_real_model_prefills_only_the_new_turn():
     for prompt, cached, prev in prompt_cache_turns(SMOL, max_tokens=24):
         # All of the previous prompt and reply (but the reply's last token, never fed).
         assert cached >= prev - 1 and prompt - cached <= 20, (prompt, cached, prev)
+
+
+def lfm2_real_vocab_model(tmp: Path) -> Path:
+    """The tiny LFM2 fixture widened to the real LFM2 tokenizer (65 536 logits; the embedding
+    rows tiled), with the LFM2.5 template that renders tools and tool calls: LFM2's own
+    tool-call format, markers as special tokens."""
+    import shutil
+    import struct
+
+    src = TINY / "model.safetensors"
+    raw = src.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    vocab = 65536
+    out, tensors, off = {}, [], 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b = data[t["data_offsets"][0]:t["data_offsets"][1]]
+        shape = t["shape"]
+        if name == "model.embed_tokens.weight":
+            b = b * (vocab // shape[0])
+            shape = [vocab, shape[1]]
+        out[name] = {"dtype": t["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
+        tensors.append(b)
+        off += len(b)
+    h = json.dumps(out).encode()
+    h += b" " * (-len(h) % 8)
+    d = tmp / "lfm2-real-vocab"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(tensors))
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update(vocab_size=vocab, bos_token_id=1, eos_token_id=7, pad_token_id=0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(REF / "assets" / "lfm2" / f, d / f)
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    shutil.copy(TEMPLATES / "LFM2.5-8B-A1B.jinja", d / "chat_template.jinja")
+    return d
+
+
+def test_lfm2_format_end_to_end(tmp_path):
+    """LFM2's `<|tool_call_start|>[f(a=1)]<|tool_call_end|>` with special-token markers:
+    forced calls parse, stream as OpenAI does, never leak a marker; with `auto`, a call the
+    model starts by itself (pushed by logit_bias on the marker) is constrained from there."""
+    s = Server(lfm2_real_vocab_model(tmp_path), "--parallel", "2", "--ctx", "2048")
+    try:
+        c = s.client()
+        p = s.post("/apply-template", json={"messages": ASK, "tools": [WEATHER]}).json()["prompt"]
+        assert p.startswith("<|startoftext|><|im_start|>system\nList of tools: [")
+        for seed in range(4):
+            kw = dict(model=s.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                      temperature=1, seed=seed, max_tokens=800)
+            r = c.chat.completions.create(**kw)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls", ch
+            assert ch.message.content is None
+            content, _, calls, finish = accumulate(c.chat.completions.create(**kw, stream=True))
+            assert finish == "tool_calls" and content == ""
+            got = [(v["name"], json.loads(v["arguments"])) for v in calls.values()]
+            assert got == [(t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls]
+            for name, args in got:
+                jsonschema.validate(args, (WEATHER if name == "get_weather" else TIME)["function"]["parameters"])
+        # auto: free text until the marker, then a constrained call.
+        r = c.chat.completions.create(model=s.model, messages=ASK, tools=[WEATHER], temperature=1, seed=1,
+                                      max_tokens=300, logit_bias={"10": 100}, parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.message.tool_calls, ch
+        assert "<|tool_call" not in (ch.message.content or "")
+        jsonschema.validate(json.loads(ch.message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])
+        # The round trip renders the call as LFM2 writes it.
+        msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [ch.message.tool_calls[0].model_dump()]},
+                      {"role": "tool", "tool_call_id": ch.message.tool_calls[0].id, "content": "sunny"}]
+        p = s.post("/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
+        assert "<|tool_call_start|>[get_weather(city=" in p
+    finally:
+        s.stop()
