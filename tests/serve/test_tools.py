@@ -61,23 +61,15 @@ def accumulate(stream):
 
 
 @pytest.fixture(scope="module")
-def smol_tools():
-    need_smol()
-    s = Server(SMOL, "--parallel", "2")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
 def tiny_tools():
     s = Server(TINY, "--parallel", "2", "--ctx", "2048")
     yield s
     s.stop()
 
 
-def test_required_tool_call_non_streaming_and_streaming(smol_tools):
-    c = smol_tools.client()
-    kw = dict(model=smol_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+def test_required_tool_call_non_streaming_and_streaming(smol):
+    c = smol.client()
+    kw = dict(model=smol.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
               parallel_tool_calls=False, temperature=0, max_tokens=80)
     r = c.chat.completions.create(**kw)
     ch = r.choices[0]
@@ -96,25 +88,25 @@ def test_required_tool_call_non_streaming_and_streaming(smol_tools):
     assert calls[0]["id"].startswith("call_")
 
 
-def test_named_tool_choice_and_none(smol_tools):
-    c = smol_tools.client()
+def test_named_tool_choice_and_none(smol):
+    c = smol.client()
     named = {"type": "function", "function": {"name": "get_time"}}
     for seed in range(3):
-        r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice=named,
+        r = c.chat.completions.create(model=smol.model, messages=ASK, tools=[WEATHER, TIME], tool_choice=named,
                                       temperature=1, seed=seed, max_tokens=60, parallel_tool_calls=False)
         assert r.choices[0].finish_reason == "tool_calls"
         assert [t.function.name for t in r.choices[0].message.tool_calls] == ["get_time"]
         assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {}
-    r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="none",
+    r = c.chat.completions.create(model=smol.model, messages=ASK, tools=[WEATHER], tool_choice="none",
                                   temperature=0, max_tokens=20)
     assert r.choices[0].message.tool_calls is None
     assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content
 
 
-def test_forced_calls_are_valid_at_temperature_one(smol_tools):
-    c = smol_tools.client()
+def test_forced_calls_are_valid_at_temperature_one(smol):
+    c = smol.client()
     for seed in range(6):
-        r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="required",
+        r = c.chat.completions.create(model=smol.model, messages=ASK, tools=[WEATHER], tool_choice="required",
                                       temperature=1, seed=seed, max_tokens=120)
         ch = r.choices[0]
         if ch.finish_reason == "length":
@@ -124,19 +116,19 @@ def test_forced_calls_are_valid_at_temperature_one(smol_tools):
             jsonschema.validate(json.loads(t.function.arguments), WEATHER["function"]["parameters"])
 
 
-def test_tool_round_trip(smol_tools):
-    c = smol_tools.client()
-    r = c.chat.completions.create(model=smol_tools.model, messages=ASK, tools=[WEATHER], tool_choice="required",
+def test_tool_round_trip(smol):
+    c = smol.client()
+    r = c.chat.completions.create(model=smol.model, messages=ASK, tools=[WEATHER], tool_choice="required",
                                   parallel_tool_calls=False, temperature=0, max_tokens=60)
     call = r.choices[0].message.tool_calls[0]
     msgs = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21, "sky": "sunny"})},
     ]
-    r2 = c.chat.completions.create(model=smol_tools.model, messages=msgs, tools=[WEATHER], temperature=0, max_tokens=30)
+    r2 = c.chat.completions.create(model=smol.model, messages=msgs, tools=[WEATHER], temperature=0, max_tokens=30)
     assert r2.choices[0].message.content
     # The call and the result are in the prompt the model saw.
-    p = smol_tools.post("/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
+    p = smol.post("/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
     assert '"get_weather"' in p and '"temp": 21' in p and "get_weather" in p.split("<|im_start|>assistant")[1]
 
 
@@ -184,22 +176,27 @@ def test_real_templates_render_tools_as_transformers(template, case, bos):
         s.stop()
 
 
-def test_streamed_tool_calls_equal_non_streamed_on_random_weights(tiny_tools):
-    """A model that knows nothing, forced to call: every seed gives a valid call, and the
-    accumulated stream equals the non-streamed message."""
-    c = tiny_tools.client()
-    for seed in range(6):
-        kw = dict(model=tiny_tools.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
-                  temperature=1, seed=seed, max_tokens=1500)
-        r = c.chat.completions.create(**kw)
-        ch = r.choices[0]
+def forced_calls_stream_as_they_return(server, seeds, max_tokens):
+    """Forced calls at temperature 1: each seed gives calls that follow the tools' schemas, and
+    the accumulated stream equals the non-streamed message."""
+    c = server.client()
+    for seed in seeds:
+        kw = dict(model=server.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                  temperature=1, seed=seed, max_tokens=max_tokens)
+        ch = c.chat.completions.create(**kw).choices[0]
         assert ch.finish_reason == "tool_calls", ch
+        assert ch.message.content is None
         content, _, calls, finish = accumulate(c.chat.completions.create(**kw, stream=True))
-        assert finish == "tool_calls" and content == "" and ch.message.content is None
+        assert finish == "tool_calls" and content == ""
         got = [(v["name"], json.loads(v["arguments"])) for v in calls.values()]
         assert got == [(t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls]
         for name, args in got:
             jsonschema.validate(args, (WEATHER if name == "get_weather" else TIME)["function"]["parameters"])
+
+
+def test_streamed_tool_calls_equal_non_streamed_on_random_weights(tiny_tools):
+    """A model that knows nothing, forced to call."""
+    forced_calls_stream_as_they_return(tiny_tools, range(6), 1500)
 
 
 class Person(BaseModel):
@@ -215,11 +212,11 @@ PERSON_SCHEMA = {
 }
 
 
-def test_response_format_json_schema_and_json_object(smol_tools):
-    c = smol_tools.client()
+def test_response_format_json_schema_and_json_object(smol):
+    c = smol.client()
     msgs = [{"role": "user", "content": "Describe a person named Ada who is 36 as JSON."}]
     for stream in (False, True):
-        kw = dict(model=smol_tools.model, messages=msgs, temperature=0, max_tokens=80,
+        kw = dict(model=smol.model, messages=msgs, temperature=0, max_tokens=80,
                   response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}})
         if stream:
             text = accumulate(c.chat.completions.create(**kw, stream=True))[0]
@@ -228,16 +225,16 @@ def test_response_format_json_schema_and_json_object(smol_tools):
             assert r.choices[0].finish_reason == "stop"
             text = r.choices[0].message.content
         jsonschema.validate(json.loads(text), PERSON_SCHEMA)
-    r = c.chat.completions.create(model=smol_tools.model, messages=msgs, temperature=0, max_tokens=150,
+    r = c.chat.completions.create(model=smol.model, messages=msgs, temperature=0, max_tokens=150,
                                   response_format={"type": "json_object"})
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_parse_with_pydantic(smol_tools):
-    c = smol_tools.client()
+def test_parse_with_pydantic(smol):
+    c = smol.client()
     parse = getattr(c.chat.completions, "parse", None) or c.beta.chat.completions.parse
-    r = parse(model=smol_tools.model, messages=[{"role": "user", "content": "Ada is 36. Give her as JSON."}],
+    r = parse(model=smol.model, messages=[{"role": "user", "content": "Ada is 36. Give her as JSON."}],
               response_format=Person, temperature=0, max_tokens=60)
     p = r.choices[0].message.parsed
     assert isinstance(p, Person) and isinstance(p.age, int)
@@ -279,7 +276,7 @@ def test_bad_tool_requests_are_400(tiny_tools, extra, param):
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
 
 
-def test_langchain_bind_tools_and_structured_output(smol_tools):
+def test_langchain_bind_tools_and_structured_output(smol):
     lc = pytest.importorskip("langchain_openai")
     from langchain_core.tools import tool
 
@@ -288,7 +285,7 @@ def test_langchain_bind_tools_and_structured_output(smol_tools):
         """Get the current weather for a city."""
         return "sunny"
 
-    llm = lc.ChatOpenAI(base_url=smol_tools.base + "/v1", api_key="none", model=smol_tools.model,
+    llm = lc.ChatOpenAI(base_url=smol.base + "/v1", api_key="none", model=smol.model,
                         temperature=0, max_tokens=80)
     msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
@@ -390,24 +387,11 @@ def test_lfm2_format_end_to_end(tmp_path):
     model starts by itself (pushed by logit_bias on the marker) is constrained from there."""
     s = Server(lfm2_real_vocab_model(tmp_path), "--parallel", "2", "--ctx", "2048")
     try:
-        c = s.client()
         p = s.post("/apply-template", json={"messages": ASK, "tools": [WEATHER]}).json()["prompt"]
         assert p.startswith("<|startoftext|><|im_start|>system\nList of tools: [")
-        for seed in range(4):
-            kw = dict(model=s.model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
-                      temperature=1, seed=seed, max_tokens=800)
-            r = c.chat.completions.create(**kw)
-            ch = r.choices[0]
-            assert ch.finish_reason == "tool_calls", ch
-            assert ch.message.content is None
-            content, _, calls, finish = accumulate(c.chat.completions.create(**kw, stream=True))
-            assert finish == "tool_calls" and content == ""
-            got = [(v["name"], json.loads(v["arguments"])) for v in calls.values()]
-            assert got == [(t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls]
-            for name, args in got:
-                jsonschema.validate(args, (WEATHER if name == "get_weather" else TIME)["function"]["parameters"])
+        forced_calls_stream_as_they_return(s, range(4), 800)
         # auto: free text until the marker, then a constrained call.
-        r = c.chat.completions.create(model=s.model, messages=ASK, tools=[WEATHER], temperature=1, seed=1,
+        r = s.client().chat.completions.create(model=s.model, messages=ASK, tools=[WEATHER], temperature=1, seed=1,
                                       max_tokens=300, logit_bias={"10": 100}, parallel_tool_calls=False)
         ch = r.choices[0]
         assert ch.message.tool_calls, ch
@@ -420,3 +404,33 @@ def test_lfm2_format_end_to_end(tmp_path):
         assert "<|tool_call_start|>[get_weather(city=" in p
     finally:
         s.stop()
+
+
+def test_reasoning_split_when_the_template_opens_think(tmp_path):
+    """A template whose generation prompt ends in `<think>` (Qwen3/LFM2.5-thinking style): the
+    reply starts in reasoning; `</think>` ends it (forced here by a grammar)."""
+    tpl = tmp_path / "think.jinja"
+    tpl.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+    s = Server(TINY, "--chat-template-file", str(tpl), "--ctx", "1024")
+    try:
+        body = {"messages": ASK, "max_tokens": 60, "grammar": 'root ::= "First, the city." "\\n</think>\\n\\n" "It is sunny."'}
+        m = s.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert m["reasoning_content"] == "First, the city." and m["content"] == "It is sunny."
+        content, reasoning, _, _ = accumulate(s.client().chat.completions.create(
+            model=s.model, messages=ASK, max_tokens=60, stream=True, extra_body={"grammar": body["grammar"]}))
+        assert (reasoning, content) == ("First, the city.", "It is sunny.")
+    finally:
+        s.stop()
+
+
+def test_constrained_choices_batched(tiny_tools):
+    """n choices decode together (one grammar matcher each, masks in the same steps)."""
+    r = tiny_tools.client().chat.completions.create(
+        model=tiny_tools.model, messages=ASK, n=4, temperature=1, seed=3, max_tokens=400,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON_SCHEMA}})
+    assert len(r.choices) == 4
+    texts = [c.message.content for c in r.choices]
+    for t in texts:
+        jsonschema.validate(json.loads(t), PERSON_SCHEMA)
+    assert len(set(texts)) > 1

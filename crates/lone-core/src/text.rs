@@ -51,12 +51,7 @@ impl TextIo {
 
     /// Render messages with the chat template (with the generation prompt) and tokenize.
     pub fn encode_chat(&self, messages: &[Json]) -> Result<Vec<u32>> {
-        self.encode_chat_tools(messages, None)
-    }
-
-    /// [`encode_chat`](Self::encode_chat) with `tools` (OpenAI's list) given to the template.
-    pub fn encode_chat_tools(&self, messages: &[Json], tools: Option<&Json>) -> Result<Vec<u32>> {
-        let text = self.render_chat_tools(messages, true, tools)?;
+        let text = self.render_chat(messages, true)?;
         self.tokenizer.encode(&text, false)
     }
 
@@ -64,6 +59,7 @@ impl TextIo {
         self.render_chat_tools(messages, add_generation_prompt, None)
     }
 
+    /// [`render_chat`](Self::render_chat) with `tools` (OpenAI's list) given to the template.
     pub fn render_chat_tools(
         &self,
         messages: &[Json],

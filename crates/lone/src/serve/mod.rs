@@ -532,7 +532,7 @@ async fn handle(
 
     // Prompts (several for a completions list) and logprobs.
     // Chat: the messages as the template gets them; both: the grammar the output follows.
-    let (msgs, plan) = match kind {
+    let (msgs, mut plan) = match kind {
         Kind::Chat => {
             let (m, p) = chat_messages(ready, &v)?;
             (m, p)
@@ -550,10 +550,15 @@ async fn handle(
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
             // Templates and tokenizers can take a while on big inputs: off the async workers.
-            let ids = tokio::task::block_in_place(|| {
-                text.encode_chat_tools(&msgs, plan.template_tools.as_ref())
+            let rendered = tokio::task::block_in_place(|| {
+                let r = text.render_chat_tools(&msgs, true, plan.template_tools.as_ref())?;
+                Ok::<_, lone_core::Error>((text.tokenizer.encode(&r, false)?, r))
             })
             .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
+            let (ids, prompt_text) = rendered;
+            // A template that opens the reasoning block (`<think>` at the end of the prompt):
+            // the reply starts inside it.
+            plan.reply.starts_thinking = prompt_text.trim_end().ends_with("<think>");
             let lp = match (f.logprobs.unwrap_or(false), f.top_logprobs) {
                 (_, Some(k)) if k > openai::MAX_TOP_LOGPROBS => {
                     return Err(openai::ApiError::invalid(
