@@ -434,3 +434,24 @@ def test_constrained_choices_batched(tiny_tools):
     for t in texts:
         jsonschema.validate(json.loads(t), PERSON_SCHEMA)
     assert len(set(texts)) > 1
+
+
+def test_strict_tools_are_validated_after_parsing(tiny_tools):
+    """A call that does not follow a strict tool's schema (here forced by a grammar, as a call
+    the lazy constraint missed would be) is content, not a call; without strict it is a call."""
+    bad_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5}}\n</tool_call>'
+    grammar = 'root ::= "' + bad_call.replace('\\', '\\\\').replace('"', '\\"').replace("\n", "\\n") + '"'
+    for strict in (False, True):
+        tool = {"type": "function", "function": {**WEATHER["function"], "strict": strict}}
+        r = tiny_tools.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": [tool], "grammar": grammar, "max_tokens": 80}).json()
+        ch = r["choices"][0]
+        if strict:
+            assert "tool_calls" not in ch["message"] and ch["finish_reason"] == "stop"
+            assert ch["message"]["content"] == bad_call.split("\n", 1)[1].rsplit("\n", 1)[0]
+        else:
+            assert ch["finish_reason"] == "tool_calls"
+            assert json.loads(ch["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": 5}
+    bad_schema = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "object", "properties": {"a": {"type": 12}}}}}
+    r = tiny_tools.post("/v1/chat/completions", json={"messages": ASK, "tools": [bad_schema]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"

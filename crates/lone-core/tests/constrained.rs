@@ -238,6 +238,7 @@ fn forced_tool_calls_always_parse_and_validate() {
                         starts_thinking: false,
                         single_call: false,
                         names: Vec::new(),
+                        check: None,
                     },
                     &text,
                 );

@@ -172,8 +172,12 @@ enum State {
     Call,
 }
 
+/// A check a parsed call must pass to count as a call (e.g. its arguments against a strict
+/// schema); `Err` sends the block back as content.
+pub type CallCheck = std::sync::Arc<dyn Fn(&ToolCall) -> Result<(), String> + Send + Sync>;
+
 /// What the parser looks for.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ReplyOptions {
     /// `None`: tool calls are not parsed (no tools, or `tool_choice: none`).
     pub tools: Option<ToolFormat>,
@@ -186,6 +190,20 @@ pub struct ReplyOptions {
     /// The tools that exist: a block calling another name is returned as content (empty:
     /// any name).
     pub names: Vec<String>,
+    pub check: Option<CallCheck>,
+}
+
+impl std::fmt::Debug for ReplyOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyOptions")
+            .field("tools", &self.tools)
+            .field("reasoning", &self.reasoning)
+            .field("starts_thinking", &self.starts_thinking)
+            .field("single_call", &self.single_call)
+            .field("names", &self.names)
+            .field("check", &self.check.is_some())
+            .finish()
+    }
 }
 
 /// The streaming splitter; see the module docs.
@@ -343,13 +361,18 @@ impl ReplyParser {
                 }
             }
             State::Call => match parse_calls(inner).and_then(|calls| {
-                match calls
+                if let Some(c) = calls
                     .iter()
                     .find(|c| !self.opt.names.is_empty() && !self.opt.names.contains(&c.name))
                 {
-                    Some(c) => Err(format!("'{}' is not one of the tools", c.name)),
-                    None => Ok(calls),
+                    return Err(format!("'{}' is not one of the tools", c.name));
                 }
+                if let Some(check) = &self.opt.check {
+                    for c in &calls {
+                        check(c)?;
+                    }
+                }
+                Ok(calls)
             }) {
                 Ok(calls) => {
                     for call in calls {

@@ -10,6 +10,7 @@ fn opts(f: ToolFormat) -> ReplyOptions {
         starts_thinking: false,
         single_call: false,
         names: Vec::new(),
+        check: None,
     }
 }
 
@@ -271,4 +272,32 @@ fn format_detection() {
         python_literal(&json!({"a'": [1, null, true, "x\n"]})),
         "{'a\\'': [1, None, True, 'x\\n']}"
     );
+}
+
+#[test]
+fn calls_failing_the_check_or_naming_no_tool_come_back_as_content() {
+    let mut o = opts(ToolFormat::Lfm2);
+    o.names = vec!["f".into()];
+    o.check = Some(std::sync::Arc::new(|c: &ToolCall| {
+        if c.arguments.contains_key("bad") {
+            Err("bad argument".into())
+        } else {
+            Ok(())
+        }
+    }));
+    let r = parse_reply(o.clone(), "<|tool_call_start|>[f(a=1)]<|tool_call_end|>");
+    assert_eq!(r.calls, [call("f", json!({"a": 1}))]);
+    for text in [
+        "<|tool_call_start|>[f(bad=1)]<|tool_call_end|>",
+        "<|tool_call_start|>[g(a=1)]<|tool_call_end|>",
+    ] {
+        let r = parse_reply(o.clone(), text);
+        assert!(r.calls.is_empty(), "{text}");
+        assert_eq!(r.warnings.len(), 1);
+        assert!(
+            r.content.starts_with('[') && !r.content.contains("<|"),
+            "{}",
+            r.content
+        );
+    }
 }

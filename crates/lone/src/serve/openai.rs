@@ -576,6 +576,7 @@ pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value
                     starts_thinking: false,
                     single_call: false,
                     names: Vec::new(),
+                    check: None,
                 });
                 let reply = lone_core::tools::parse_reply(opt, &c.text);
                 for w in &reply.warnings {

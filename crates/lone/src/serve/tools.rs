@@ -4,6 +4,7 @@
 //! `message` / `delta` objects).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use lone_core::engine::{Constraint, GrammarSpec, Grammars};
 use lone_core::text::TextIo;
@@ -61,11 +62,14 @@ pub struct ToolFields {
     pub json_schema: Option<Value>,
 }
 
-/// A validated tool. (`strict` needs nothing more: every call is decoded under the tools'
-/// grammar, so its arguments follow the schema whether or not it is set.)
-#[derive(Clone, Debug)]
+/// A validated tool. Calls are decoded under the tools' grammar, so their arguments follow
+/// the schema; with `strict`, a call is also checked against it after parsing (a call the
+/// model wrote in a way the lazy constraint did not catch), and one that fails comes back as
+/// content.
+#[derive(Clone)]
 pub struct Tool {
     pub spec: ToolSpec,
+    pub strict: Option<Arc<jsonschema::Validator>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -130,11 +134,23 @@ fn parse_tools(v: &[Value]) -> Result<Vec<Tool>, ApiError> {
                 ))
             }
         };
+        let strict = match f.get("strict").and_then(Value::as_bool) {
+            Some(true) => Some(Arc::new(jsonschema::validator_for(&parameters).map_err(
+                |e| {
+                    bad(
+                        "tools",
+                        format!("{p}: 'function.parameters' is not a valid JSON schema: {e}"),
+                    )
+                },
+            )?)),
+            _ => None,
+        };
         out.push(Tool {
             spec: ToolSpec {
                 name: name.to_string(),
                 parameters,
             },
+            strict,
         });
     }
     Ok(out)
@@ -290,9 +306,35 @@ pub fn plan(sup: &ToolSupport, f: &ToolFields) -> Result<ChatPlan, ApiError> {
             starts_thinking: false,
             single_call: !parallel,
             names: tools.iter().map(|t| t.spec.name.clone()).collect(),
+            check: strict_check(&tools),
         },
         keep_special: calling && sup.special_markers,
     })
+}
+
+/// The check of strict tools' arguments (`None` when no tool is strict).
+fn strict_check(tools: &[Tool]) -> Option<lone_core::tools::CallCheck> {
+    let strict: Vec<(String, Arc<jsonschema::Validator>)> = tools
+        .iter()
+        .filter_map(|t| t.strict.clone().map(|v| (t.spec.name.clone(), v)))
+        .collect();
+    if strict.is_empty() {
+        return None;
+    }
+    Some(Arc::new(move |c: &ToolCall| {
+        let Some((_, v)) = strict.iter().find(|(n, _)| n == &c.name) else {
+            return Ok(());
+        };
+        let args = Value::Object(c.arguments.clone());
+        let first = v.iter_errors(&args).next().map(|e| e.to_string());
+        match first {
+            None => Ok(()),
+            Some(e) => Err(format!(
+                "the arguments of {} do not follow its strict schema: {e}",
+                c.name
+            )),
+        }
+    }))
 }
 
 /// Messages as the template wants them: assistant `tool_calls` with their arguments as
