@@ -17,6 +17,7 @@ pub mod loader;
 pub mod models;
 pub mod nn;
 pub mod npy;
+pub mod perplexity;
 pub mod quant;
 pub mod sampler;
 pub mod tensor;

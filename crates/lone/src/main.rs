@@ -48,6 +48,8 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Measure speed: prefill/decode tok/s, cold start, peak RSS (like llama-bench).
     Bench(cmd::bench::BenchArgs),
+    /// Perplexity of a text file, with llama-perplexity's method (comparable numbers).
+    Perplexity(cmd::perplexity::PerplexityArgs),
 }
 
 /// llama.cpp's multi-letter short flags, spelled as their long forms (clap's short flags are
@@ -74,6 +76,7 @@ fn main() {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Chat(a) => cmd::chat::chat(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

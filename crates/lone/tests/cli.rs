@@ -557,3 +557,83 @@ fn grammar_options_on_run() {
         expect_error(out, needle);
     }
 }
+
+/// `lone perplexity` equals transformers' perplexity with llama-perplexity's method
+/// (tests/reference/perplexity/expected.json), exact mode, every family.
+#[test]
+fn perplexity_matches_transformers() {
+    let refs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(refs.join("perplexity/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let text = refs.join("../..").join(want["text"].as_str().unwrap());
+    let ctx = want["ctx"].to_string();
+    for (name, w) in want["models"].as_object().unwrap() {
+        let dir = fixture(name);
+        let out = lone()
+            .args([
+                "--exact",
+                "--cache-type",
+                "f32",
+                "perplexity",
+                "--json",
+                "-c",
+                &ctx,
+                "-b",
+                "40",
+            ])
+            .args([
+                "--model",
+                dir.to_str().unwrap(),
+                "-f",
+                text.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(g["tokens"], w["tokens"], "{name}");
+        assert_eq!(g["scored_tokens"], w["scored"], "{name}");
+        let rel = |a: &serde_json::Value, b: &serde_json::Value| {
+            (a.as_f64().unwrap() / b.as_f64().unwrap() - 1.0).abs()
+        };
+        assert!(
+            rel(&g["ppl"], &w["ppl"]) < 1e-4,
+            "{name}: {} vs {}",
+            g["ppl"],
+            w["ppl"]
+        );
+        assert!(rel(&g["ppl_stderr"], &w["stderr"]) < 1e-3, "{name}");
+        for (a, b) in g["running"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(w["running"].as_array().unwrap())
+        {
+            assert!(rel(a, b) < 1e-4, "{name}");
+        }
+    }
+    let d = fixture("qwen2");
+    let short = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(short.path(), "too short").unwrap();
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), [0xff, 0xfe, 0x41]).unwrap();
+    for (f, needle) in [(short.path(), "needs at least"), (bad.path(), "not UTF-8")] {
+        let out = lone()
+            .args([
+                "perplexity",
+                "--model",
+                d.to_str().unwrap(),
+                "-f",
+                f.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        expect_error(out, needle);
+    }
+}

@@ -263,6 +263,13 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Whether [`encode`](Self::encode) reads special-token text (`<|im_start|>`) in the input
+    /// as plain text rather than as the special token (llama.cpp's `parse_special = false`,
+    /// what llama-perplexity does); added tokens that are not special still match.
+    pub fn set_special_as_text(&mut self, on: bool) {
+        self.inner.set_encode_special_tokens(on);
+    }
+
     /// Decodes ids to text; `skip_special` drops special tokens. Unknown ids are an error.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.check_ids(ids)?;

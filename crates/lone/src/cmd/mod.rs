@@ -2,6 +2,7 @@ pub mod bench;
 mod bench_suite;
 pub mod chat;
 pub mod common;
+pub mod perplexity;
 pub mod run;
 /// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
 pub(crate) use crate::serve;

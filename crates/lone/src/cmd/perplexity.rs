@@ -1,0 +1,98 @@
+//! `lone perplexity`: llama-perplexity's method and output on a text file.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lone_core::perplexity::{perplexity, PerplexityOptions};
+use lone_core::text::TextIo;
+
+use super::common;
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// HF checkpoint directory or GGUF file (default: the default model from the setup step).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// The text to score (UTF-8).
+    #[arg(long, short = 'f', visible_alias = "file")]
+    pub text: PathBuf,
+    /// Tokens per chunk (llama-perplexity's -c); the second half of each chunk is scored.
+    #[arg(long, short = 'c', default_value_t = 512)]
+    pub ctx: usize,
+    /// Rows per forward pass (llama-perplexity's -b; does not change the result).
+    #[arg(long, short = 'b', default_value_t = 512)]
+    pub batch: usize,
+    /// Score at most this many chunks.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    #[arg(long, short)]
+    pub threads: Option<usize>,
+    /// One JSON object instead of llama-perplexity's lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: PerplexityArgs) -> Result<()> {
+    let bytes =
+        std::fs::read(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not UTF-8 text: {e}", a.text.display()))?;
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let path = common::resolve_model(a.model.as_deref())?;
+    let model = common::load_model(&path, a.threads)?;
+    let mut io = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
+    // As llama-perplexity: special-token text in the file is text.
+    io.tokenizer.set_special_as_text(true);
+    let tokens = io.encode_raw(&text)?;
+    let opts = PerplexityOptions {
+        ctx: a.ctx,
+        batch: a.batch,
+        chunks: a.chunks,
+        bos: io
+            .tokenizer
+            .add_bos_token()
+            .then(|| io.tokenizer.bos_id())
+            .flatten(),
+    };
+    let t0 = std::time::Instant::now();
+    let mut err = std::io::stderr().lock();
+    let json = a.json;
+    let r = perplexity(&model, &tokens, &opts, |i, ppl| {
+        if !json {
+            let _ = write!(err, "[{}]{ppl:.4},", i + 1);
+            let _ = err.flush();
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if json {
+        let obj = serde_json::json!({
+            "model": path.display().to_string(),
+            "text": a.text.display().to_string(),
+            "tokens": tokens.len(),
+            "ctx": a.ctx,
+            "chunks": r.chunks,
+            "scored_tokens": r.scored,
+            "ppl": r.ppl,
+            "ppl_stderr": r.stderr,
+            "running": r.running,
+            "seconds": secs,
+        });
+        println!("{obj}");
+    } else {
+        eprintln!();
+        println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
+        eprintln!(
+            "[{} tokens, {} chunks of {}, {} scored, {:.1} s]",
+            tokens.len(),
+            r.chunks,
+            a.ctx,
+            r.scored,
+            secs
+        );
+    }
+    Ok(())
+}
