@@ -76,10 +76,11 @@ pub fn perplexity(
         let mut logits = Vec::with_capacity((ctx - first) * v);
         for start in (0..ctx).step_by(batch) {
             let mut b = Batch::default();
-            for pos in start..(start + batch).min(ctx) {
+            let end = (start + batch).min(ctx);
+            for (pos, &t) in chunk.iter().enumerate().take(end).skip(start) {
                 let tok = match (pos, opt.bos) {
                     (0, Some(bos)) => bos,
-                    _ => chunk[pos],
+                    _ => t,
                 };
                 b.push(0, pos, tok, pos >= first);
             }
