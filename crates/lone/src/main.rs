@@ -48,6 +48,8 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Measure speed: prefill/decode tok/s, cold start, peak RSS (like llama-bench).
     Bench(cmd::bench::BenchArgs),
+    /// Describe a model file: architecture, config, tensors, sizes, caches, tokenizer, template.
+    Inspect(cmd::inspect::InspectArgs),
     /// Perplexity of a text file, with llama-perplexity's method (comparable numbers).
     Perplexity(cmd::perplexity::PerplexityArgs),
 }
@@ -77,6 +79,7 @@ fn main() {
         Command::Chat(a) => cmd::chat::chat(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

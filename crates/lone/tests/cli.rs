@@ -637,3 +637,99 @@ fn perplexity_matches_transformers() {
         expect_error(out, needle);
     }
 }
+
+/// `lone inspect` against the files themselves: parameter count and tensor table from the
+/// safetensors header read here, KV bytes per token from config.json; GGUF too; bad files fail.
+#[test]
+fn inspect_describes_the_files() {
+    for name in ["lfm2_a", "qwen2", "lfm3"] {
+        let dir = fixture(name);
+        let raw = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+        let tensors: Vec<(&String, &serde_json::Value)> = header
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .collect();
+        let params: u64 = tensors
+            .iter()
+            .map(|(_, t)| {
+                t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .product::<u64>()
+            })
+            .sum();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let out = lone()
+            .args(["inspect", "--json", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(g["params"], params, "{name}");
+        assert_eq!(
+            g["tensors"].as_array().unwrap().len(),
+            tensors.len(),
+            "{name}"
+        );
+        for (k, t) in &tensors {
+            let row = g["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == **k)
+                .unwrap();
+            assert_eq!(row["shape"], t["shape"], "{name} {k}");
+        }
+        assert_eq!(g["config"]["vocab_size"], cfg["vocab_size"]);
+        assert_eq!(g["config"]["hidden_size"], cfg["hidden_size"]);
+        // Full-attention layers × K and V × kv heads × head_dim × 2 bytes (f16).
+        let layers = g["config"]["layers"].as_array().unwrap();
+        let attn = layers.iter().filter(|l| *l == "Attention").count() as u64;
+        let heads = cfg["num_attention_heads"].as_u64().unwrap();
+        let head_dim = cfg
+            .get("head_dim")
+            .and_then(|h| h.as_u64())
+            .unwrap_or(cfg["hidden_size"].as_u64().unwrap() / heads);
+        let kv = cfg["num_key_value_heads"].as_u64().unwrap() * head_dim;
+        let f16 = g["cache"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "f16")
+            .unwrap();
+        assert_eq!(f16["bytes_per_token"], 2 * 2 * kv * attn, "{name}");
+        assert!(g["chat_template"].as_str().unwrap().contains("im_start"));
+        assert_eq!(g["tokenizer"]["vocab_size"], cfg["vocab_size"]);
+    }
+    let gguf = fixture("llama").join("model-q8_0.gguf");
+    let out = lone()
+        .args(["inspect", gguf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("Q8_0") && text.contains("tensors ("),
+        "{text}"
+    );
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    expect_error(
+        lone()
+            .args(["inspect", junk.path().to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "cannot load model",
+    );
+}

@@ -14,13 +14,12 @@
 //! - `--membw`: the machine's read bandwidth (no model): sums a buffer with N threads.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lone_core::generate::{generate, prefill, GenerateOptions};
-use lone_core::loader::WeightFiles;
 use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::text::TextIo;
 use lone_core::{Batch, Model};
@@ -28,6 +27,7 @@ use serde_json::{json, Value};
 
 use super::bench_suite;
 use super::common;
+use super::model_info::{cpu_model, fmt_bytes, fmt_params, measure_membw, model_info, Info};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -89,41 +89,6 @@ pub struct BenchArgs {
 const WARMUP_PROMPT: usize = 32;
 const WARMUP_GEN: usize = 4;
 
-/// What the table and the JSON lines say about the model and the machine.
-struct Info {
-    path: String,
-    name: String,
-    arch: &'static str,
-    quant: String,
-    size_bytes: u64,
-    params: u64,
-    bytes_per_token: u64,
-    cpu: String,
-    threads: usize,
-}
-
-impl Info {
-    fn json(&self) -> Value {
-        json!({
-            "engine": "lone",
-            "lone_version": env!("CARGO_PKG_VERSION"),
-            "model": self.path,
-            "model_name": self.name,
-            "arch": self.arch,
-            "quant": self.quant,
-            "size_bytes": self.size_bytes,
-            "params": self.params,
-            "weight_bytes_per_token": self.bytes_per_token,
-            "backend": "CPU",
-            "isa": lone_core::kernels::isa().name(),
-            "mode": lone_core::kernels::mode().resolved(),
-            "cache_type": crate::cmd::common::cache_type().name(),
-            "cpu": self.cpu,
-            "threads": self.threads,
-        })
-    }
-}
-
 /// Human or JSON-lines output.
 struct Out {
     json: bool,
@@ -182,148 +147,6 @@ fn stats(xs: &[f64]) -> Stats {
         0.0
     };
     Stats { mean, stddev }
-}
-
-fn fmt_bytes(b: u64) -> String {
-    let g = b as f64 / (1u64 << 30) as f64;
-    if g >= 1.0 {
-        format!("{g:.2} GiB")
-    } else {
-        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
-    }
-}
-
-fn fmt_params(p: u64) -> String {
-    if p >= 1_000_000_000 {
-        format!("{:.2} B", p as f64 / 1e9)
-    } else {
-        format!("{:.2} M", p as f64 / 1e6)
-    }
-}
-
-/// llama.cpp's `llama_ftype` names (`general.file_type`).
-fn ftype_name(t: u64) -> Option<&'static str> {
-    Some(match t {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K",
-        11 => "Q3_K_S",
-        12 => "Q3_K_M",
-        13 => "Q3_K_L",
-        14 => "Q4_K_S",
-        15 => "Q4_K_M",
-        16 => "Q5_K_S",
-        17 => "Q5_K_M",
-        18 => "Q6_K",
-        32 => "BF16",
-        _ => return None,
-    })
-}
-
-/// A "2 threads"-free CPU name from /proc/cpuinfo.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-/// Sizes and labels from the weight files: every tensor's stored bytes and element count;
-/// bytes read per decoded token = all tensors except the embedding table (one row is looked
-/// up) plus the matrix the lm_head matmul reads (the embedding when tied).
-fn model_info(model: &Model, path: &Path) -> Info {
-    // (name, bytes, elements, dtype name)
-    let mut tensors: Vec<(String, u64, u64, String)> = Vec::new();
-    let (embed_name, head_name, quant_meta) = match &model.weights.files {
-        WeightFiles::Gguf(g) => {
-            for t in &g.tensors {
-                tensors.push((
-                    t.name.clone(),
-                    t.len as u64,
-                    t.shape.iter().product::<usize>() as u64,
-                    t.dtype.name().to_string(),
-                ));
-            }
-            let q = g
-                .meta("general.file_type")
-                .and_then(|v| v.as_u64())
-                .and_then(ftype_name)
-                .map(str::to_string);
-            ("token_embd.weight", "output.weight", q)
-        }
-        WeightFiles::Safetensors(st) => {
-            for n in st.names() {
-                if let Some(t) = st.get(n) {
-                    tensors.push((
-                        n.to_string(),
-                        t.data().len() as u64,
-                        t.numel() as u64,
-                        t.dtype.name().to_string(),
-                    ));
-                }
-            }
-            ("model.embed_tokens.weight", "lm_head.weight", None)
-        }
-    };
-    let bytes_of = |name: &str| {
-        tensors
-            .iter()
-            .find(|t| t.0 == name)
-            .map(|t| t.1)
-            .unwrap_or(0)
-    };
-    let size_bytes: u64 = tensors.iter().map(|t| t.1).sum();
-    let params: u64 = tensors.iter().map(|t| t.2).sum();
-    let (embed, head) = (bytes_of(embed_name), bytes_of(head_name));
-    let head_used = if head > 0 && !model.cfg.tie_embeddings {
-        head
-    } else {
-        embed
-    };
-    let bytes_per_token = size_bytes - embed - head + head_used;
-    // Without a file type: the format holding the most bytes.
-    let quant = quant_meta.unwrap_or_else(|| {
-        let mut by: Vec<(String, u64)> = Vec::new();
-        for t in &tensors {
-            match by.iter_mut().find(|b| b.0 == t.3) {
-                Some(b) => b.1 += t.1,
-                None => by.push((t.3.clone(), t.1)),
-            }
-        }
-        by.sort_by_key(|b| std::cmp::Reverse(b.1));
-        by.first()
-            .map(|b| b.0.to_uppercase())
-            .unwrap_or_else(|| "?".into())
-    });
-    let arch = model.cfg.arch.name();
-    let label = if params >= 1_000_000_000 {
-        format!("{:.1}B", params as f64 / 1e9)
-    } else if params >= 10_000_000 {
-        format!("{}M", (params as f64 / 1e6).round())
-    } else {
-        format!("{:.2}M", params as f64 / 1e6)
-    };
-    Info {
-        path: path.display().to_string(),
-        name: format!("{arch} {label} {quant}"),
-        arch,
-        quant,
-        size_bytes,
-        params,
-        bytes_per_token,
-        cpu: cpu_model(),
-        threads: lone_core::kernels::threads(),
-    }
 }
 
 /// CPU seconds (user + system) this process has used, from /proc/self/stat (USER_HZ = 100 on
@@ -821,27 +644,9 @@ fn membw(a: &BenchArgs) -> Result<()> {
     if a.membw_mib == 0 {
         bail!("--membw-mib must be at least 1");
     }
-    let n = a.membw_mib * (1 << 20) / 8;
-    let buf: Vec<u64> = (0..n as u64).collect();
-    let chunk = n.div_ceil(threads);
-    let pass = || -> f64 {
-        let t = Instant::now();
-        let s: u64 = std::thread::scope(|sc| {
-            let hs: Vec<_> = buf
-                .chunks(chunk)
-                .map(|c| sc.spawn(move || sum_u64(c)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0u64, u64::wrapping_add)
-        });
-        std::hint::black_box(s);
-        t.elapsed().as_secs_f64()
-    };
-    pass();
     let reps = a.reps.unwrap_or(5);
-    let bytes = (n * 8) as f64;
-    let gbs: Vec<f64> = (0..reps).map(|_| bytes / pass() / 1e9).collect();
+    let gbs = measure_membw(a.membw_mib, threads, reps);
+    let n = a.membw_mib * (1 << 20) / 8;
     let best = gbs.iter().copied().fold(0.0, f64::max);
     let st = stats(&gbs);
     let cpu = cpu_model();
@@ -867,18 +672,4 @@ fn membw(a: &BenchArgs) -> Result<()> {
         )?;
     }
     Ok(())
-}
-
-/// Sum with eight independent lanes so the compiler vectorises it and the loop is bound by
-/// memory, not by the add chain.
-fn sum_u64(s: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    let mut it = s.chunks_exact(8);
-    for c in &mut it {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(x);
-        }
-    }
-    let rest = it.remainder().iter().fold(0u64, |a, &b| a.wrapping_add(b));
-    acc.iter().fold(rest, |a, &b| a.wrapping_add(b))
 }

@@ -2,6 +2,8 @@ pub mod bench;
 mod bench_suite;
 pub mod chat;
 pub mod common;
+pub mod inspect;
+pub mod model_info;
 pub mod perplexity;
 pub mod run;
 /// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
