@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "lone",
     version,
+    propagate_version = true,
     about = "Run small language models (LFM2, LFM3, Qwen2/3, Llama) locally"
 )]
 struct Cli {
@@ -55,13 +56,61 @@ enum Command {
 }
 
 /// llama.cpp's multi-letter short flags, spelled as their long forms (clap's short flags are
-/// one letter).
+/// one letter); GPU-offload flags are dropped (with their value) with a warning.
 fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    args.map(|a| match a.to_str() {
-        Some("-md") => "--model-draft".into(),
-        _ => a,
-    })
-    .collect()
+    let mut out = Vec::new();
+    let mut it = args.peekable();
+    while let Some(a) = it.next() {
+        let s = a.to_str().unwrap_or("");
+        let (flag, inline) = match s.split_once('=') {
+            Some((f, _)) if f.starts_with('-') => (f, true),
+            _ => (s, false),
+        };
+        match flag {
+            "-md" => out.push("--model-draft".into()),
+            "-np" => out.push("--parallel".into()),
+            "-ngl"
+            | "--n-gpu-layers"
+            | "--gpu-layers"
+            | "-ngld"
+            | "--n-gpu-layers-draft"
+            | "-fa"
+            | "--flash-attn"
+            | "-sm"
+            | "--split-mode"
+            | "-mg"
+            | "--main-gpu" => {
+                // The value, when it is a separate argument (-fa takes on/off/auto or nothing).
+                let takes = !matches!(flag, "-fa" | "--flash-attn")
+                    || it
+                        .peek()
+                        .and_then(|v| v.to_str())
+                        .is_some_and(|v| matches!(v, "on" | "off" | "auto" | "1" | "0"));
+                if !inline && takes {
+                    it.next();
+                }
+                eprintln!("lone: warning: ignoring {flag}: lone runs on the CPU, GPU flags do nothing in this build");
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+/// The error and its causes, each said once (a cause already in the message is not repeated).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for c in e.chain() {
+        let s = c.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
 }
 
 fn main() {
@@ -82,7 +131,7 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", report(&e));
         std::process::exit(1);
     }
 }

@@ -733,3 +733,81 @@ fn inspect_describes_the_files() {
         "cannot load model",
     );
 }
+
+/// llama.cpp's flag forms, GPU flags ignored with a warning, --version everywhere, and the
+/// error messages for a Hub id, a directory of GGUFs and a missing file (each cause once).
+#[test]
+fn llama_cpp_habits() {
+    let d = fixture("llama");
+    let d = d.to_str().unwrap();
+    let out = lone()
+        .args([
+            "run", "-m", d, "-p", "Hi", "-n", "2", "-ngl", "99", "-fa", "on", "--temp", "0", "-s",
+            "3", "-t", "1", "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ignoring -ngl") && err.contains("ignoring -fa"),
+        "{err}"
+    );
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(g["generated_ids"].as_array().unwrap().len(), 2);
+    for sub in ["run", "serve", "chat", "bench", "inspect", "perplexity"] {
+        let out = lone().args([sub, "--version"]).output().unwrap();
+        assert!(
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")),
+            "{sub}"
+        );
+    }
+    let out = lone()
+        .args(["run", "-m", "Qwen/Qwen2.5-0.5B-Instruct", "-p", "x"])
+        .output()
+        .unwrap();
+    expect_error(out, "looks like a Hugging Face repo id");
+    let out = lone()
+        .args(["run", "-m", "/no/such/model.gguf", "-p", "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert_eq!(err.matches("no such file").count(), 1, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = fixture("qwen2").join("model-q8_0.gguf");
+    std::fs::copy(&gguf, dir.path().join("a.gguf")).unwrap();
+    let ok = lone()
+        .args([
+            "run",
+            "-m",
+            dir.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "-n",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    std::fs::copy(&gguf, dir.path().join("b.gguf")).unwrap();
+    let out = lone()
+        .args([
+            "run",
+            "-m",
+            dir.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "several GGUF files");
+}

@@ -40,6 +40,7 @@ pub struct BenchArgs {
     /// Decode tests: tokens to generate, comma-separated (0 = none).
     #[arg(long = "gen-tokens", short = 'n', value_delimiter = ',', default_values_t = vec![64usize])]
     pub gen_tokens: Vec<usize>,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Timed runs per test (default 3; 1 with --suite).

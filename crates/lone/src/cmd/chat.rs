@@ -35,10 +35,11 @@ pub struct ChatArgs {
     /// System prompt (change it later with /system).
     #[arg(long)]
     pub system: Option<String>,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Context size in tokens (default and maximum: the model's context length).
-    #[arg(long)]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub ctx: Option<usize>,
     /// Most tokens per reply.
     #[arg(long, short = 'n', default_value_t = 512)]

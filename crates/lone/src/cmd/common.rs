@@ -25,7 +25,7 @@ pub fn models_dir() -> PathBuf {
 /// The model path given, or the default model from the cache.
 pub fn resolve_model(arg: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = arg {
-        return Ok(p.to_path_buf());
+        return local_model(p);
     }
     let p = models_dir().join(DEFAULT_MODEL_FILE);
     if !p.exists() {
@@ -35,6 +35,64 @@ pub fn resolve_model(arg: Option<&Path>) -> Result<PathBuf> {
         );
     }
     Ok(p)
+}
+
+/// `p` as a model path: a directory without config.json that holds exactly one GGUF is that
+/// file; a missing path that looks like a Hub repo id says so.
+pub fn local_model(p: &Path) -> Result<PathBuf> {
+    if p.is_dir() && !p.join("config.json").exists() {
+        let mut ggufs: Vec<PathBuf> = std::fs::read_dir(p)
+            .with_context(|| format!("cannot list {}", p.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|f| {
+                f.extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+            })
+            .collect();
+        ggufs.sort();
+        match ggufs.len() {
+            0 => bail!(
+                "{} has neither a config.json (a Hugging Face checkpoint) nor a .gguf file",
+                p.display()
+            ),
+            1 => return Ok(ggufs.remove(0)),
+            _ => bail!(
+                "{} holds several GGUF files; pick one with --model: {}",
+                p.display(),
+                ggufs
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    if !p.exists() && looks_like_repo_id(p) {
+        bail!(
+            "no file or directory {}: it looks like a Hugging Face repo id, and lone does not download models yet (`lone pull` is planned); download it first (e.g. `huggingface-cli download {}`) and pass the local path",
+            p.display(),
+            p.display()
+        );
+    }
+    Ok(p.to_path_buf())
+}
+
+/// `org/name` or `org/name:QUANT`: two plain parts, no extension on the last.
+fn looks_like_repo_id(p: &Path) -> bool {
+    let s = p.to_string_lossy();
+    let s = s.strip_prefix("hf://").unwrap_or(&s);
+    let mut parts = s.split('/');
+    let (Some(org), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let ok = |x: &str| {
+        !x.is_empty()
+            && !x.starts_with('.')
+            && x.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    };
+    ok(org) && ok(name) && !name.to_ascii_lowercase().ends_with(".gguf")
 }
 
 static CACHE_TYPE: std::sync::OnceLock<KvType> = std::sync::OnceLock::new();
@@ -86,22 +144,29 @@ fn proc_status_kb(key: &str) -> u64 {
 /// Sampling flags shared by the generating commands (the same names and defaults as `lone run`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, visible_alias = "temp", default_value_t = 0.0)]
     pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
+    /// Keep the most likely tokens up to this total probability (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the top one (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+    /// Divide the logits of tokens already seen (>1) by this (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtract this from the logits of tokens already seen (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub presence_penalty: f32,
+    /// Subtract this times the count of each token already seen (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    #[arg(long)]
+    /// Seed of the sampler (the same seed gives the same sample; default: random).
+    #[arg(long, short = 's')]
     pub seed: Option<u64>,
 }
 
@@ -189,6 +254,7 @@ impl SpecArgs {
         }
         let spec = match &self.model_draft {
             Some(p) => {
+                let p = &local_model(p)?;
                 let m = load_model(p, None)?;
                 let t = lone_core::text::TextIo::load(&m, p).with_context(|| {
                     format!("cannot load the draft model's tokenizer ({})", p.display())

@@ -27,6 +27,7 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// One JSON object instead of llama-perplexity's lines.

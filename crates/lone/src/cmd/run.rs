@@ -29,7 +29,8 @@ pub struct RunArgs {
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    #[arg(long, short = 'n', default_value_t = 128)]
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 128)]
     pub max_new_tokens: usize,
     #[command(flatten)]
     pub sampling: common::SamplingArgs,
@@ -43,6 +44,7 @@ pub struct RunArgs {
     pub spec: common::SpecArgs,
     #[command(flatten)]
     pub grammar: common::GrammarArgs,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Print one JSON object (token ids, text, stats) instead of streaming text.

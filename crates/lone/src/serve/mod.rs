@@ -5,6 +5,7 @@
 //! the port is bound; until then `/health` answers 503 `{"status": "loading"}`.
 
 pub mod engine;
+pub mod log;
 pub mod metrics;
 pub mod openai;
 pub mod tools;
@@ -56,11 +57,12 @@ pub struct ServeArgs {
     pub parallel: usize,
     /// Context length per sequence (prompt + completion); default: the model's
     /// max_position_embeddings capped at 4096.
-    #[arg(long)]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub ctx: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1/* requests.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// Sequences that may wait for a slot; beyond that requests get 503 with Retry-After.
@@ -78,6 +80,16 @@ pub struct ServeArgs {
         value_name = "MiB"
     )]
     pub cache_ram: i64,
+    /// Request log lines on stderr: text or json.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: log::LogFormat,
+    /// Put the prompt text in the request log lines (off by default: prompts can be private).
+    #[arg(long)]
+    pub log_prompts: bool,
+    /// Answer 404 for a `model` that is not this server's (default: any name is answered by
+    /// the one model served, as llama-server does).
+    #[arg(long)]
+    pub strict_model_name: bool,
     /// Chat template (Jinja) to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
@@ -105,6 +117,10 @@ struct AppState {
     ready: OnceLock<Ready>,
     metrics: Arc<Metrics>,
     api_key: Option<String>,
+    strict_model_name: bool,
+    /// The model file or directory.
+    path: PathBuf,
+    log: log::LogConfig,
 }
 
 fn now() -> u64 {
@@ -141,6 +157,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ready: OnceLock::new(),
         metrics: Arc::new(Metrics::default()),
         api_key: a.api_key.clone(),
+        strict_model_name: a.strict_model_name,
+        path: path.clone(),
+        log: log::LogConfig {
+            format: a.log_format,
+            prompts: a.log_prompts,
+        },
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -289,6 +311,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/apply-template", post(apply_template))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/props", get(props))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
@@ -315,7 +340,7 @@ const ENDPOINTS: [&str; 6] = [
 ];
 
 async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
+    let path = req.uri().path().to_string();
     let endpoint = if path.starts_with("/v1/models/") {
         "/v1/models"
     } else {
@@ -326,7 +351,12 @@ async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Nex
             .unwrap_or("other")
     };
     let resp = next.run(req).await;
-    st.metrics.record_request(endpoint, resp.status().as_u16());
+    let status = resp.status().as_u16();
+    st.metrics.record_request(endpoint, status);
+    if status >= 400 {
+        st.log
+            .line("request", json!({"endpoint": path, "status": status}));
+    }
     resp
 }
 
@@ -392,7 +422,7 @@ async fn list_models(State(st): State<Arc<AppState>>) -> Json<Value> {
 }
 
 async fn get_model(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
-    if st.model_names.contains(&id) {
+    if st.model_names.contains(&id) || !st.strict_model_name {
         Json(model_object(&st)).into_response()
     } else {
         model_not_found(&id).into_response()
@@ -420,6 +450,121 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+fn ready_or_503(st: &AppState) -> Result<&Ready, ApiError> {
+    st.ready.get().ok_or_else(|| {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            "The model is loading; retry shortly.",
+        )
+        .code("model_loading");
+        e.retry_after = Some(1);
+        e
+    })
+}
+
+fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let body =
+        body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
+    openai::parse_body(&body)
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizeFields {
+    content: String,
+    add_special: Option<bool>,
+    with_pieces: Option<bool>,
+}
+
+/// llama-server's `POST /tokenize`: `{"content", "add_special", "with_pieces"}` →
+/// `{"tokens": [ids]}` or `{"tokens": [{"id", "piece"}]}` (a piece that is not whole UTF-8 is
+/// its byte values, as llama-server gives it).
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let ready = ready_or_503(&st)?;
+        let f: TokenizeFields = openai::fields(&body_json(body)?)?;
+        let tok = &ready.text.tokenizer;
+        let ids =
+            tokio::task::block_in_place(|| tok.encode(&f.content, f.add_special.unwrap_or(false)))
+                .map_err(|e| bad_request("content", format!("cannot tokenize: {e}")))?;
+        let tokens: Vec<Value> = if f.with_pieces.unwrap_or(false) {
+            ids.iter()
+                .map(|&id| {
+                    let b = tok.token_bytes(id);
+                    let piece = match String::from_utf8(b.clone()) {
+                        Ok(s) => json!(s),
+                        Err(_) => json!(b),
+                    };
+                    json!({"id": id, "piece": piece})
+                })
+                .collect()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        };
+        Ok(json!({ "tokens": tokens }))
+    };
+    run()
+        .map(|v| Json(v).into_response())
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(serde::Deserialize)]
+struct DetokenizeFields {
+    tokens: Vec<u32>,
+}
+
+/// llama-server's `POST /detokenize`: `{"tokens": [ids]}` → `{"content": text}`.
+async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let ready = ready_or_503(&st)?;
+        let f: DetokenizeFields = openai::fields(&body_json(body)?)?;
+        let content = ready
+            .text
+            .tokenizer
+            .decode(&f.tokens, false)
+            .map_err(|e| bad_request("tokens", e.to_string()))?;
+        Ok(json!({ "content": content }))
+    };
+    run()
+        .map(|v| Json(v).into_response())
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// llama-server's `GET /props`: the server's settings.
+async fn props(State(st): State<Arc<AppState>>) -> Response {
+    let Ok(ready) = ready_or_503(&st) else {
+        return ready_or_503(&st)
+            .err()
+            .map(IntoResponse::into_response)
+            .unwrap_or_default();
+    };
+    let tok = &ready.text.tokenizer;
+    let piece = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    Json(json!({
+        "default_generation_settings": {
+            "n_ctx": ready.ctx,
+            "params": {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "n_predict": -1},
+            "model": st.model_id,
+        },
+        "total_slots": ready.engine.cfg.parallel,
+        "model_alias": st.model_id,
+        "model_path": st.path.display().to_string(),
+        "chat_template": ready.text.template.as_ref().map(|t| t.source()).unwrap_or(""),
+        "bos_token": piece(tok.bos_id()),
+        "eos_token": piece(ready.text.eos_ids.first().copied()),
+        "modalities": {"vision": false, "audio": false},
+        "build_info": openai::SYSTEM_FINGERPRINT,
+        "is_sleeping": false,
+    }))
+    .into_response()
+}
+
 /// llama-server's `POST /apply-template`: the prompt a chat request would be rendered to
 /// (`{"prompt": …}`), tools and tool calls included.
 async fn apply_template(
@@ -427,16 +572,8 @@ async fn apply_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = || -> Result<Value, ApiError> {
-        let body =
-            body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
-        let Some(ready) = st.ready.get() else {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable_error",
-                "The model is loading; retry shortly.",
-            ));
-        };
-        let v = openai::parse_body(&body)?;
+        let ready = ready_or_503(&st)?;
+        let v = body_json(body)?;
         let (msgs, plan) = chat_messages(ready, &v)?;
         let prompt = tokio::task::block_in_place(|| {
             ready
@@ -500,6 +637,8 @@ async fn handle(
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
 ) -> Result<Response, ApiError> {
+    let t0 = std::time::Instant::now();
+    let mut prompt_log: Option<String> = None;
     let body = body.map_err(|e| {
         let status = e.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -509,20 +648,11 @@ async fn handle(
         };
         ApiError::new(status, "invalid_request_error", e.body_text()).code(code)
     })?;
-    let Some(ready) = st.ready.get() else {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable_error",
-            "The model is loading; retry shortly.",
-        )
-        .code("model_loading");
-        e.retry_after = Some(1);
-        return Err(e);
-    };
+    let ready = ready_or_503(&st)?;
     let v = openai::parse_body(&body)?;
     let common: openai::Common = openai::fields(&v)?;
     if let Some(m) = &common.model {
-        if !st.model_names.contains(m) {
+        if st.strict_model_name && !st.model_names.contains(m) {
             return Err(model_not_found(m));
         }
     }
@@ -556,6 +686,9 @@ async fn handle(
             })
             .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
             let (ids, prompt_text) = rendered;
+            if st.log.prompts {
+                prompt_log = Some(prompt_text.clone());
+            }
             // A template that opens the reasoning block (`<think>` at the end of the prompt):
             // the reply starts inside it.
             plan.reply.starts_thinking = prompt_text.trim_end().ends_with("<think>");
@@ -602,7 +735,12 @@ async fn handle(
                     .map_err(|e| bad_request("prompt", format!("cannot tokenize the prompt: {e}")))
             };
             let prompts = match f.prompt {
-                Prompt::Text(s) => vec![encode(&s)?],
+                Prompt::Text(s) => {
+                    if st.log.prompts {
+                        prompt_log = Some(s.clone());
+                    }
+                    vec![encode(&s)?]
+                }
                 Prompt::Texts(v) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
                 Prompt::Ids(ids) => vec![ids],
                 Prompt::IdLists(l) => l,
@@ -736,8 +874,22 @@ async fn handle(
         }
     }
 
+    let endpoint = match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Completion => "/v1/completions",
+    };
+    let mut log = log::RequestLog::new(
+        &st.log,
+        &meta.id,
+        endpoint,
+        &st.model_id,
+        meta.prompt_tokens,
+        meta.choices,
+        prompt_log,
+        t0,
+    );
     if settings.stream {
-        return Ok(stream_response(meta, ready.text.clone(), rx));
+        return Ok(stream_response(meta, ready.text.clone(), rx, log));
     }
     // Non-streaming: gather every choice.
     let mut acc = vec![ChoiceAcc::default(); meta.choices];
@@ -750,6 +902,7 @@ async fn handle(
                 "the inference engine stopped",
             ));
         };
+        log.on_event(&ev);
         match ev {
             Event::Delta {
                 index,
@@ -786,18 +939,39 @@ async fn handle(
             }
         }
     }
-    Ok(Json(openai::full_response(&meta, text, &acc)).into_response())
+    let resp = openai::full_response(&meta, text, &acc);
+    log.done(resp["choices"].as_array().map(|cs| {
+        cs.iter()
+            .map(|c| finish_name(&c["finish_reason"]))
+            .collect()
+    }));
+    Ok(Json(resp).into_response())
+}
+
+fn finish_name(v: &Value) -> &'static str {
+    match v.as_str() {
+        Some("tool_calls") => "tool_calls",
+        Some("length") => "length",
+        _ => "stop",
+    }
 }
 
 /// SSE: the role chunks, one chunk per text piece, a finish chunk per choice, the usage
 /// chunk when asked for, then `[DONE]`. Dropping the stream (client gone) drops the receiver,
 /// which cancels the sequences.
-fn stream_response(meta: Meta, text: Arc<TextIo>, rx: mpsc::UnboundedReceiver<Event>) -> Response {
+fn stream_response(
+    meta: Meta,
+    text: Arc<TextIo>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    log: log::RequestLog,
+) -> Response {
     struct S {
         rx: mpsc::UnboundedReceiver<Event>,
         chunker: Chunker,
         pending: VecDeque<String>,
         finished: bool,
+        /// Logged when the stream ends or is dropped (client gone).
+        log: log::RequestLog,
     }
     let chunker = Chunker::new(meta, text);
     let s = S {
@@ -805,6 +979,7 @@ fn stream_response(meta: Meta, text: Arc<TextIo>, rx: mpsc::UnboundedReceiver<Ev
         pending: chunker.start().into(),
         chunker,
         finished: false,
+        log,
     };
     let stream = futures_util::stream::unfold(s, |mut s| async move {
         loop {
@@ -819,6 +994,7 @@ fn stream_response(meta: Meta, text: Arc<TextIo>, rx: mpsc::UnboundedReceiver<Ev
                 message: "the inference engine stopped".into(),
             });
             let failed = matches!(ev, Event::Error { .. });
+            s.log.on_event(&ev);
             s.pending.extend(s.chunker.on_event(ev));
             if failed {
                 s.pending.push_back("[DONE]".into());
@@ -830,6 +1006,8 @@ fn stream_response(meta: Meta, text: Arc<TextIo>, rx: mpsc::UnboundedReceiver<Ev
             if s.finished {
                 // Nothing more is wanted: cancels any sequence still running.
                 s.rx.close();
+                let f = s.chunker.finishes.clone();
+                s.log.done((!failed).then_some(f));
             }
         }
     });

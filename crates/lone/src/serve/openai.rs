@@ -405,6 +405,10 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
             _ => return Err(bad("'role' must be a non-empty string")),
         }
         let mut obj = obj.clone();
+        // OpenAI's newer name for the system role.
+        if obj.get("role").and_then(Value::as_str) == Some("developer") {
+            obj.insert("role".into(), Value::String("system".into()));
+        }
         let content = match obj.get("content") {
             None | Some(Value::Null) => Value::String(String::new()),
             Some(Value::String(s)) => Value::String(s.clone()),
@@ -623,6 +627,8 @@ pub struct Chunker {
     failed: bool,
     /// Chat: one reply parser per choice.
     parsers: Vec<lone_core::tools::ReplyParser>,
+    /// The finish reasons sent, in order.
+    pub finishes: Vec<&'static str>,
 }
 
 impl Chunker {
@@ -635,6 +641,7 @@ impl Chunker {
             None => Vec::new(),
         };
         Chunker {
+            finishes: Vec::new(),
             parsers,
             meta,
             text,
@@ -767,9 +774,14 @@ impl Chunker {
                         })]));
                     }
                 }
+                let reason = match self.meta.kind {
+                    Kind::Chat => finish_str(Some(finish), calls),
+                    Kind::Completion => finish.as_str(),
+                };
+                self.finishes.push(reason);
                 let c = match self.meta.kind {
                     Kind::Chat => json!({
-                        "index": index, "delta": {}, "logprobs": null, "finish_reason": finish_str(Some(finish), calls),
+                        "index": index, "delta": {}, "logprobs": null, "finish_reason": reason,
                     }),
                     Kind::Completion => json!({
                         "index": index, "text": "", "logprobs": null, "finish_reason": finish.as_str(),
@@ -871,5 +883,7 @@ mod tests {
         assert!(normalize_messages(&[]).is_err());
         assert!(normalize_messages(&[json!({"content": "x"})]).is_err());
         assert!(normalize_messages(&[json!({"role": "user", "content": 5})]).is_err());
+        let m = normalize_messages(&[json!({"role": "developer", "content": "be brief"})]).unwrap();
+        assert_eq!(m[0]["role"], "system");
     }
 }
