@@ -50,10 +50,15 @@ fn run_one_token(model: &str) -> Output {
 }
 
 fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = lone().arg("run").args(args).arg("--json").output().unwrap();
+    lone_json(&[&["run"][..], args, &["--json"]].concat())
+}
+
+/// `lone ARGS` must succeed; its stdout as JSON.
+fn lone_json(args: &[&str]) -> serde_json::Value {
+    let out = lone().args(args).output().unwrap();
     assert!(
         out.status.success(),
-        "lone run failed: {}",
+        "lone {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
@@ -571,32 +576,21 @@ fn perplexity_matches_transformers() {
     let ctx = want["ctx"].to_string();
     for (name, w) in want["models"].as_object().unwrap() {
         let dir = fixture(name);
-        let out = lone()
-            .args([
-                "--exact",
-                "--cache-type",
-                "f32",
-                "perplexity",
-                "--json",
-                "-c",
-                &ctx,
-                "-b",
-                "40",
-            ])
-            .args([
-                "--model",
-                dir.to_str().unwrap(),
-                "-f",
-                text.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let g = lone_json(&[
+            "--exact",
+            "--cache-type",
+            "f32",
+            "perplexity",
+            "--json",
+            "-c",
+            &ctx,
+            "-b",
+            "40",
+            "--model",
+            dir.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+        ]);
         assert_eq!(g["tokens"], w["tokens"], "{name}");
         assert_eq!(g["scored_tokens"], w["scored"], "{name}");
         let rel = |a: &serde_json::Value, b: &serde_json::Value| {
@@ -667,16 +661,7 @@ fn inspect_describes_the_files() {
         let cfg: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
                 .unwrap();
-        let out = lone()
-            .args(["inspect", "--json", dir.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let g = lone_json(&["inspect", "--json", dir.to_str().unwrap()]);
         assert_eq!(g["params"], params, "{name}");
         assert_eq!(
             g["tensors"].as_array().unwrap().len(),
@@ -781,23 +766,15 @@ fn llama_cpp_habits() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = fixture("qwen2").join("model-q8_0.gguf");
     std::fs::copy(&gguf, dir.path().join("a.gguf")).unwrap();
-    let ok = lone()
-        .args([
-            "run",
-            "-m",
-            dir.path().to_str().unwrap(),
-            "--prompt-ids",
-            "1",
-            "-n",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let one = run_json(&[
+        "-m",
+        dir.path().to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "-n",
+        "1",
+    ]);
+    assert_eq!(one["generated_ids"].as_array().unwrap().len(), 1);
     std::fs::copy(&gguf, dir.path().join("b.gguf")).unwrap();
     let out = lone()
         .args([
