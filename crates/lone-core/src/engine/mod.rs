@@ -132,6 +132,8 @@ pub enum Event {
         /// Prompt tokens taken from the slot's cache.
         cached_tokens: usize,
         spec: SpecStats,
+        /// The stop string that ended it (`finish` is then `Stop`).
+        stop: Option<String>,
     },
     Error {
         index: usize,
@@ -283,6 +285,7 @@ impl<'t> Sequence<'t> {
             completion_tokens: self.generated,
             cached_tokens: self.cached,
             spec: self.spec,
+            stop: self.stop.matched().map(str::to_string),
         });
     }
 

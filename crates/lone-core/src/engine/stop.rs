@@ -6,6 +6,7 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -13,6 +14,7 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -25,7 +27,14 @@ impl StopMatcher {
             return (std::mem::take(&mut self.held), false);
         }
         // The earliest stop string occurrence wins.
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+        if let Some((pos, i)) = self
+            .stops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s).map(|p| (p, i)))
+            .min()
+        {
+            self.matched = Some(self.stops[i].clone());
             let out = self.held[..pos].to_string();
             self.held.clear();
             return (out, true);
@@ -34,6 +43,11 @@ impl StopMatcher {
         let cut = self.held.len() - keep;
         let rest = self.held.split_off(cut);
         (std::mem::replace(&mut self.held, rest), false)
+    }
+
+    /// The stop string that ended generation, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// End of generation: everything held back is released.

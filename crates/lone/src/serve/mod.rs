@@ -638,7 +638,6 @@ async fn handle(
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let t0 = std::time::Instant::now();
-    let mut prompt_log: Option<String> = None;
     let body = body.map_err(|e| {
         let status = e.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -648,8 +647,50 @@ async fn handle(
         };
         ApiError::new(status, "invalid_request_error", e.body_text()).code(code)
     })?;
-    let ready = ready_or_503(&st)?;
     let v = openai::parse_body(&body)?;
+    let endpoint = match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Completion => "/v1/completions",
+    };
+    let Started {
+        meta,
+        stream,
+        mut rx,
+        mut log,
+    } = start(&st, &v, kind, endpoint, t0)?;
+    let ready = ready_or_503(&st)?;
+    if stream {
+        return Ok(stream_response(meta, ready.text.clone(), rx, log));
+    }
+    let acc = collect(&mut rx, &mut log, meta.choices).await?;
+    let resp = openai::full_response(&meta, &ready.text, &acc);
+    log.done(resp["choices"].as_array().map(|cs| {
+        cs.iter()
+            .map(|c| finish_name(&c["finish_reason"]))
+            .collect()
+    }));
+    Ok(Json(resp).into_response())
+}
+
+/// A generation request handed to the engine: what the response needs and its events.
+struct Started {
+    pub meta: Meta,
+    pub stream: bool,
+    pub rx: mpsc::UnboundedReceiver<Event>,
+    pub log: log::RequestLog,
+}
+
+/// Validate an OpenAI-shaped request (chat or completions) and submit its sequences.
+fn start(
+    st: &AppState,
+    v: &Value,
+    kind: Kind,
+    endpoint: &'static str,
+    t0: std::time::Instant,
+) -> Result<Started, ApiError> {
+    let mut prompt_log: Option<String> = None;
+    let ready = ready_or_503(st)?;
+    let v = v.clone();
     let common: openai::Common = openai::fields(&v)?;
     if let Some(m) = &common.model {
         if st.strict_model_name && !st.model_names.contains(m) {
@@ -852,7 +893,7 @@ async fn handle(
         include_usage: settings.include_usage,
         reply: (kind == Kind::Chat).then(|| plan.reply.clone()),
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     match ready.engine.submit(reqs, tx) {
         Ok(()) => {}
         Err(SubmitError::QueueFull) => {
@@ -874,11 +915,7 @@ async fn handle(
         }
     }
 
-    let endpoint = match kind {
-        Kind::Chat => "/v1/chat/completions",
-        Kind::Completion => "/v1/completions",
-    };
-    let mut log = log::RequestLog::new(
+    let log = log::RequestLog::new(
         &st.log,
         &meta.id,
         endpoint,
@@ -888,12 +925,22 @@ async fn handle(
         prompt_log,
         t0,
     );
-    if settings.stream {
-        return Ok(stream_response(meta, ready.text.clone(), rx, log));
-    }
-    // Non-streaming: gather every choice.
-    let mut acc = vec![ChoiceAcc::default(); meta.choices];
-    let mut left = meta.choices;
+    Ok(Started {
+        meta,
+        stream: settings.stream,
+        rx,
+        log,
+    })
+}
+
+/// Every choice's text, tokens and counters (non-streaming responses).
+async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    log: &mut log::RequestLog,
+    choices: usize,
+) -> Result<Vec<ChoiceAcc>, ApiError> {
+    let mut acc = vec![ChoiceAcc::default(); choices];
+    let mut left = choices;
     while left > 0 {
         let Some(ev) = rx.recv().await else {
             return Err(ApiError::new(
@@ -920,6 +967,7 @@ async fn handle(
                 completion_tokens,
                 cached_tokens,
                 spec,
+                stop,
                 ..
             } => {
                 if let Some(c) = acc.get_mut(index) {
@@ -927,6 +975,7 @@ async fn handle(
                     c.completion_tokens = completion_tokens;
                     c.cached_tokens = cached_tokens;
                     c.spec = spec;
+                    c.stop = stop;
                     left -= 1;
                 }
             }
@@ -939,13 +988,7 @@ async fn handle(
             }
         }
     }
-    let resp = openai::full_response(&meta, text, &acc);
-    log.done(resp["choices"].as_array().map(|cs| {
-        cs.iter()
-            .map(|c| finish_name(&c["finish_reason"]))
-            .collect()
-    }));
-    Ok(Json(resp).into_response())
+    Ok(acc)
 }
 
 fn finish_name(v: &Value) -> &'static str {

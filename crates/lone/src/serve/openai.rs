@@ -539,6 +539,8 @@ pub struct ChoiceAcc {
     pub completion_tokens: usize,
     pub cached_tokens: usize,
     pub spec: SpecStats,
+    /// The stop string that ended it.
+    pub stop: Option<String>,
 }
 
 /// OpenAI's usage object. Speculative decoding's drafts are reported as OpenAI reports
