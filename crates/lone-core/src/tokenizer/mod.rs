@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, DateTime};
 pub use gguf::GgufVocab;
 pub use stream::StreamDecoder;
 

@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod log;
 pub mod metrics;
+mod ollama;
 pub mod openai;
 pub mod tools;
 
@@ -107,6 +108,11 @@ struct Ready {
     spec_default: lone_core::engine::SpecParams,
     has_draft: bool,
     tools: tools::ToolSupport,
+    /// What /api/tags and /api/show report.
+    arch: &'static str,
+    quant: String,
+    params: u64,
+    params_label: String,
 }
 
 struct AppState {
@@ -263,6 +269,12 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
     let has_draft = spec.as_ref().is_some_and(|s| s.draft_model().is_some());
     let tools = tools::ToolSupport::new(&text, vocab);
+    let info = crate::cmd::model_info::model_info(&model, path);
+    let params_label = if info.params >= 1_000_000_000 {
+        format!("{:.1}B", info.params as f64 / 1e9)
+    } else {
+        format!("{:.0}M", info.params as f64 / 1e6)
+    };
     let engine = Engine::start(model, text.clone(), cfg, metrics.clone(), spec)
         .context("cannot start the engine thread")?;
     Ok(Ready {
@@ -273,6 +285,10 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         spec_default,
         has_draft,
         tools,
+        arch: info.arch,
+        quant: info.quant,
+        params: info.params,
+        params_label,
     })
 }
 
@@ -314,6 +330,12 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
