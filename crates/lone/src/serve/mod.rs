@@ -4,6 +4,7 @@
 //! `GET /v1/models`, `GET /health`, `GET /metrics`. The model loads in the background after
 //! the port is bound; until then `/health` answers 503 `{"status": "loading"}`.
 
+mod anthropic;
 pub mod engine;
 pub mod log;
 pub mod metrics;
@@ -330,6 +331,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/tags", get(ollama::tags))
@@ -384,18 +387,24 @@ async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Nex
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        if req.uri().path().starts_with("/v1/") && req.uri().path() != "/v1/health" {
-            let given = req
-                .headers()
+        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
+        if !open {
+            let h = req.headers();
+            let bearer = h
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim);
-            if given != Some(key.as_str()) {
+            // Anthropic's clients send `x-api-key`.
+            let x_key = h
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim);
+            if bearer != Some(key.as_str()) && x_key != Some(key.as_str()) {
                 return ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "invalid_request_error",
-                    "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.",
+                    "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY').",
                 )
                 .code("invalid_api_key")
                 .into_response();
