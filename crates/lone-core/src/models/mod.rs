@@ -276,6 +276,43 @@ impl Model {
     }
 }
 
+impl Model {
+    /// The embedding of `tokens`: the final (normed) hidden states, mean-pooled over the
+    /// tokens and L2-normalised — llama.cpp's `--embeddings --pooling mean`. Runs from an
+    /// empty cache, in chunks.
+    pub fn embed_mean(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let h = self.cfg.hidden_size;
+        if tokens.is_empty() {
+            return Err(crate::Error::Input("nothing to embed (0 tokens)".into()));
+        }
+        let mut cache = self.new_cache();
+        let mut sum = vec![0f64; h];
+        for chunk in tokens.chunks(256) {
+            let batch = Batch::for_sequence(0, cache.len(), chunk, false);
+            let mut out = self.forward_opts(&batch, std::slice::from_mut(&mut cache), true)?;
+            let mut x = out.hidden.pop().unwrap_or_default();
+            self.final_norm.forward(&mut x);
+            for row in x.chunks(h) {
+                for (s, &v) in sum.iter_mut().zip(row) {
+                    *s += v as f64;
+                }
+            }
+        }
+        let n = tokens.len() as f64;
+        let norm = sum.iter().map(|s| (s / n) * (s / n)).sum::<f64>().sqrt();
+        Ok(sum
+            .iter()
+            .map(|s| {
+                if norm > 0.0 {
+                    (s / n / norm) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect())
+    }
+}
+
 /// Candidates per row that [`Model::forward`] recomputes exactly in [`crate::kernels::Mode::Auto`]
 /// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2
 /// against llama.cpp: ≤ 1.2 nats in the top 10), so the exact argmax is among the 8-bit top 32.

@@ -46,12 +46,14 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
             for b in blocks {
                 match (b.get("type").and_then(Value::as_str), b.get("text")) {
                     (Some("text"), Some(Value::String(t))) => s.push_str(t),
-                    (Some(t), _) => return Err(ApiError::invalid(
-                        what,
-                        format!(
+                    (Some(t), _) => {
+                        return Err(ApiError::invalid(
+                            what,
+                            format!(
                             "{what}: content blocks of type '{t}' are not supported (text only)"
                         ),
-                    )),
+                        ))
+                    }
                     _ => {
                         return Err(ApiError::invalid(
                             what,

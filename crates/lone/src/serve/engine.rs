@@ -41,8 +41,13 @@ struct Pending {
     tx: UnboundedSender<Event>,
 }
 
+/// Work that needs the model but is not a generated sequence (embeddings), run on the engine
+/// thread between steps.
+pub type Job = Box<dyn FnOnce(&Model) + Send>;
+
 struct State {
     queue: VecDeque<Pending>,
+    jobs: VecDeque<Job>,
     free_slots: usize,
     shutdown: bool,
 }
@@ -74,6 +79,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
+                jobs: VecDeque::new(),
                 free_slots: parallel,
                 shutdown: false,
             }),
@@ -104,6 +110,22 @@ impl Engine {
             cfg,
         })
     }
+    /// Run `job` on the engine thread between steps.
+    pub fn run_job(&self, job: Job) -> Result<(), SubmitError> {
+        let mut st = self
+            .shared
+            .state
+            .lock()
+            .map_err(|_| SubmitError::ShuttingDown)?;
+        if st.shutdown {
+            return Err(SubmitError::ShuttingDown);
+        }
+        st.jobs.push_back(job);
+        drop(st);
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
     /// Queue sequences that share one event channel (the `n` choices of a request). Either
     /// all are queued or none: `QueueFull` when more would wait than `queue` allows.
     pub fn submit(
@@ -169,12 +191,12 @@ impl<'t> Worker<'t> {
     fn run(&mut self, shared: &Shared) {
         loop {
             // Admit waiting sequences into free slots; sleep while there is nothing to do.
-            let shutdown = {
+            let (shutdown, jobs) = {
                 let Ok(mut st) = shared.state.lock() else {
                     return;
                 };
                 loop {
-                    if st.shutdown {
+                    if st.shutdown || !st.jobs.is_empty() {
                         break;
                     }
                     while self.sched.free_slots() > 0 {
@@ -204,11 +226,17 @@ impl<'t> Worker<'t> {
                         });
                     }
                 }
-                st.shutdown
+                let jobs: Vec<Job> = st.jobs.drain(..).collect();
+                (st.shutdown, jobs)
             };
             if shutdown {
                 self.fail_all("the server is shutting down");
                 return;
+            }
+            for job in jobs {
+                // A job that panics answers nobody (its sender is dropped); the engine goes on.
+                let model = self.model;
+                let _ = catch_unwind(AssertUnwindSafe(|| job(model)));
             }
             self.drop_cancelled();
             if self.sched.active() == 0 {

@@ -5,6 +5,7 @@
 //! the port is bound; until then `/health` answers 503 `{"status": "loading"}`.
 
 mod anthropic;
+mod embeddings;
 pub mod engine;
 pub mod log;
 pub mod metrics;
@@ -114,6 +115,8 @@ struct Ready {
     quant: String,
     params: u64,
     params_label: String,
+    /// Embedding width.
+    hidden: usize,
 }
 
 struct AppState {
@@ -256,6 +259,7 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         bail!("the context must hold at least 2 positions");
     }
     let vocab = model.cfg.vocab_size;
+    let hidden = model.cfg.hidden_size;
     let text = Arc::new(text);
     let cfg = EngineConfig {
         parallel: a.parallel,
@@ -290,6 +294,7 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
         quant: info.quant,
         params: info.params,
         params_label,
+        hidden,
     })
 }
 
@@ -331,6 +336,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
