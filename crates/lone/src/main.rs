@@ -49,6 +49,9 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Measure speed: prefill/decode tok/s, cold start, peak RSS (like llama-bench).
     Bench(cmd::bench::BenchArgs),
+    /// Check a model against a reference (transformers, lone, or recorded outputs): logits,
+    /// per-layer drift, first greedy divergence; exit 1 below the bars.
+    Verify(cmd::verify::VerifyArgs),
     /// Describe a model file: architecture, config, tensors, sizes, caches, tokenizer, template.
     Inspect(cmd::inspect::InspectArgs),
     /// Perplexity of a text file, with llama-perplexity's method (comparable numbers).
@@ -129,6 +132,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", report(&e));

@@ -788,3 +788,94 @@ fn llama_cpp_habits() {
         .unwrap();
     expect_error(out, "several GGUF files");
 }
+
+/// `lone verify`: the f32 fixtures pass against transformers' recorded outputs; a copy with one
+/// tensor of layer 3 scaled fails, and the drift is found starting at layer 3.
+#[test]
+fn verify_passes_good_files_and_names_the_broken_layer() {
+    for name in ["lfm2_a", "qwen3", "lfm3"] {
+        let d = fixture(name);
+        let g = lone_json(&[
+            "--exact",
+            "--cache-type",
+            "f32",
+            "verify",
+            "--json",
+            "-m",
+            d.to_str().unwrap(),
+            "-r",
+            d.to_str().unwrap(),
+        ]);
+        assert_eq!(g["runtime"], "recorded");
+        assert_eq!(g["pass"], true, "{name}: {g}");
+        assert!(g["logits"]["mean_cos"].as_f64().unwrap() > 0.99999);
+        assert_eq!(g["greedy"]["agreed"], g["greedy"]["compared"]);
+    }
+    // Quantized against its f32 source, both run by lone.
+    let q = fixture("qwen2").join("model-q8_0.gguf");
+    let g = lone_json(&[
+        "verify",
+        "--json",
+        "--reference-runtime",
+        "lone",
+        "-m",
+        q.to_str().unwrap(),
+        "-r",
+        fixture("qwen2").to_str().unwrap(),
+    ]);
+    assert_eq!(g["pass"], true, "{g}");
+    // A corrupted copy: layer 3's FFN output projection scaled by 8.
+    let src = fixture("lfm2_a");
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let st = tmp.path().join("model.safetensors");
+    let mut raw = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+    let t = &header["model.layers.3.feed_forward.w2.weight"];
+    assert_eq!(t["dtype"], "F32");
+    let (a, b) = (
+        t["data_offsets"][0].as_u64().unwrap() as usize,
+        t["data_offsets"][1].as_u64().unwrap() as usize,
+    );
+    for c in raw[8 + n + a..8 + n + b].chunks_exact_mut(4) {
+        let v = f32::from_le_bytes(c.try_into().unwrap()) * 8.0;
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(&st, raw).unwrap();
+    let out = lone()
+        .args(["--exact", "--cache-type", "f32", "verify", "--json", "-m"])
+        .arg(tmp.path())
+        .arg("-r")
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(g["pass"], false);
+    assert_eq!(g["drift_from"], "layer 3", "{}", g["layers"]);
+    assert!(g["failures"][0].as_str().unwrap().contains("cosine"), "{g}");
+    let out = lone()
+        .args([
+            "verify",
+            "-m",
+            src.to_str().unwrap(),
+            "-r",
+            "/no/such/ref",
+            "--reference-runtime",
+            "lone",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "cannot load the reference");
+}

@@ -6,5 +6,6 @@ pub mod inspect;
 pub mod model_info;
 pub mod perplexity;
 pub mod run;
+pub mod verify;
 /// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
 pub(crate) use crate::serve;
