@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::engine::Event;
 use super::openai::{ApiError, Kind};
-use super::{body_json, chat_messages, collect, ready_or_503, start, AppState, Started};
+use super::{body_json, chat_messages, collect_one, ready_or_503, start, AppState, Started};
 
 /// Anthropic's error shape.
 fn err(e: ApiError) -> Response {
@@ -161,12 +161,10 @@ pub(super) async fn messages(
     let model = st.model_id.clone();
     let input = meta.prompt_tokens;
     if !streaming {
-        let acc = match collect(&mut rx, &mut log, 1).await {
-            Ok(a) => a,
+        let c = &match collect_one(&mut rx, &mut log).await {
+            Ok(c) => c,
             Err(e) => return err(e),
         };
-        log.done(None);
-        let c = &acc[0];
         return Json(json!({
             "id": id,
             "type": "message",

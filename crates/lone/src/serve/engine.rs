@@ -110,9 +110,9 @@ impl Engine {
             cfg,
         })
     }
-    /// Run `job` on the engine thread between steps.
-    pub fn run_job(&self, job: Job) -> Result<(), SubmitError> {
-        let mut st = self
+    /// The queue's state, unless the engine is shutting down.
+    fn open_state(&self) -> Result<std::sync::MutexGuard<'_, State>, SubmitError> {
+        let st = self
             .shared
             .state
             .lock()
@@ -120,6 +120,12 @@ impl Engine {
         if st.shutdown {
             return Err(SubmitError::ShuttingDown);
         }
+        Ok(st)
+    }
+
+    /// Run `job` on the engine thread between steps.
+    pub fn run_job(&self, job: Job) -> Result<(), SubmitError> {
+        let mut st = self.open_state()?;
         st.jobs.push_back(job);
         drop(st);
         self.shared.wake.notify_all();
@@ -133,14 +139,7 @@ impl Engine {
         reqs: Vec<GenRequest>,
         tx: UnboundedSender<Event>,
     ) -> Result<(), SubmitError> {
-        let mut st = self
-            .shared
-            .state
-            .lock()
-            .map_err(|_| SubmitError::ShuttingDown)?;
-        if st.shutdown {
-            return Err(SubmitError::ShuttingDown);
-        }
+        let mut st = self.open_state()?;
         let waiting = (st.queue.len() + reqs.len()).saturating_sub(st.free_slots);
         if waiting > self.shared.queue_cap {
             return Err(SubmitError::QueueFull);

@@ -970,6 +970,16 @@ fn start(
     })
 }
 
+/// The one choice of a request whose front end asks for one (ollama, Anthropic), logged.
+async fn collect_one(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    log: &mut log::RequestLog,
+) -> Result<ChoiceAcc, ApiError> {
+    let mut acc = collect(rx, log, 1).await?;
+    log.done(None);
+    Ok(acc.remove(0))
+}
+
 /// Every choice's text, tokens and counters (non-streaming responses).
 async fn collect(
     rx: &mut mpsc::UnboundedReceiver<Event>,

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::engine::Event;
 use super::openai::{ApiError, Kind};
-use super::{body_json, collect, ready_or_503, start, AppState, Started};
+use super::{body_json, collect_one, ready_or_503, start, AppState, Started};
 
 /// ollama's error shape: `{"error": "..."}` with the status.
 fn err(e: ApiError) -> Response {
@@ -221,12 +221,10 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
     };
     let prompt_tokens = meta.prompt_tokens;
     if !streaming {
-        let acc = match collect(&mut rx, &mut log, 1).await {
-            Ok(a) => a,
+        let c = &match collect_one(&mut rx, &mut log).await {
+            Ok(c) => c,
             Err(e) => return err(e),
         };
-        log.done(None);
-        let c = &acc[0];
         let mut p = ReplyParser::new(opts);
         let mut d = p.push(&c.text);
         d.extend(p.finish());
