@@ -93,6 +93,13 @@ pub struct ModelConfig {
     pub raw: Value,
 }
 
+/// Bounds on what a model may declare (far above any model lone runs; they keep a corrupt
+/// file from asking for absurd allocations).
+pub const MAX_LAYERS: usize = 4096;
+pub const MAX_DIM: usize = 1 << 16;
+pub const MAX_VOCAB: usize = 1 << 22;
+pub const MAX_CONTEXT: usize = 1 << 24;
+
 fn cfg_err(msg: impl Into<String>) -> Error {
     Error::Config(msg.into())
 }
@@ -162,14 +169,14 @@ impl ModelConfig {
     /// Parse a HF `config.json` (plus `generation_config.json` beside it, for EOS ids).
     pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::error::read_text(&path)?;
         let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
             path: path.clone(),
             msg: format!("invalid JSON: {e}"),
         })?;
         let mut cfg = Self::from_hf_json(&v)?;
         let gpath = dir.join("generation_config.json");
-        if let Ok(t) = std::fs::read_to_string(&gpath) {
+        if let Ok(t) = crate::error::read_text(&gpath) {
             if let Ok(g) = serde_json::from_str::<Value>(&t) {
                 for id in ids(g.get("eos_token_id")) {
                     if !cfg.eos_token_ids.contains(&id) {
@@ -194,6 +201,11 @@ impl ModelConfig {
         })?;
         let hidden_size = need_usize(v, &["hidden_size", "block_dim", "d_model"])?;
         let n_layers = need_usize(v, &["num_hidden_layers", "n_layers"])?;
+        if !(1..=MAX_LAYERS).contains(&n_layers) {
+            return Err(cfg_err(format!(
+                "config.json: num_hidden_layers is {n_layers}; expected 1..={MAX_LAYERS}"
+            )));
+        }
         let n_heads = need_usize(v, &["num_attention_heads", "num_heads"])?;
         let n_kv_heads = get_usize(v, &["num_key_value_heads"]).unwrap_or(n_heads);
         let vocab_size = need_usize(v, &["vocab_size"])?;
@@ -312,7 +324,7 @@ impl ModelConfig {
 
         let mut eos = ids(v.get("eos_token_id"));
         eos.dedup();
-        Ok(ModelConfig {
+        let cfg = ModelConfig {
             arch,
             vocab_size,
             hidden_size,
@@ -348,7 +360,8 @@ impl ModelConfig {
             bos_token_id: ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: eos,
             raw: v.clone(),
-        })
+        };
+        Ok(cfg)
     }
 
     /// Build the description from GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
@@ -376,6 +389,12 @@ impl ModelConfig {
         };
         let hidden_size = need("embedding_length")?;
         let n_layers = need("block_count")?;
+        if !(1..=MAX_LAYERS).contains(&n_layers) {
+            return Err(cfg_err(format!(
+                "{path}: {} is {n_layers}; expected 1..={MAX_LAYERS}",
+                key("block_count")
+            )));
+        }
         let n_heads = need("attention.head_count")?;
         // lfm2 stores head_count_kv per layer (0 for conv layers).
         let kv_meta = g.meta(&key("attention.head_count_kv"));
@@ -494,6 +513,81 @@ impl ModelConfig {
             cfg.lfm3_from_gguf(g)?;
         }
         Ok(cfg)
+    }
+
+    /// Every size bounded, every float finite and in range, the shapes consistent.
+    fn check_values(&self) -> std::result::Result<(), String> {
+        let range = |name: &str, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{name} is {v}; expected {lo}..={hi}"))
+            }
+        };
+        range("the vocabulary size", self.vocab_size, 1, MAX_VOCAB)?;
+        range("the hidden size", self.hidden_size, 1, MAX_DIM)?;
+        range("the layer count", self.n_layers, 1, MAX_LAYERS)?;
+        range("the head count", self.n_heads, 1, MAX_DIM)?;
+        range("the KV head count", self.n_kv_heads, 1, self.n_heads)?;
+        range("head_dim", self.head_dim, 1, MAX_DIM)?;
+        range("the FFN width", self.ffn_dim, 1, 16 * MAX_DIM)?;
+        range(
+            "the context length",
+            self.max_position_embeddings,
+            1,
+            MAX_CONTEXT,
+        )?;
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(format!(
+                "{} attention heads are not a multiple of {} KV heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.layer_kinds.len() != self.n_layers {
+            return Err(format!(
+                "{} layer kinds for {} layers",
+                self.layer_kinds.len(),
+                self.n_layers
+            ));
+        }
+        if self.layer_kinds.contains(&LayerKind::SlidingAttention) {
+            range("the sliding window", self.sliding_window, 1, MAX_CONTEXT)?;
+        }
+        if self.layer_kinds.contains(&LayerKind::Conv) {
+            range("the conv kernel size", self.conv_kernel, 1, 64)?;
+        }
+        let eps = self.norm_eps;
+        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
+            return Err(format!(
+                "the norm epsilon is {eps}; expected a finite number in (0, 1)"
+            ));
+        }
+        for (what, r) in [
+            ("rope", &self.rope),
+            ("sliding-window rope", &self.rope_sliding),
+        ] {
+            if !(r.theta.is_finite() && r.theta > 0.0) {
+                return Err(format!(
+                    "the {what} theta is {}; expected a finite number > 0",
+                    r.theta
+                ));
+            }
+            let f = r.partial_rotary_factor;
+            if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+                return Err(format!(
+                    "the {what} partial_rotary_factor is {f}; expected (0, 1]"
+                ));
+            }
+        }
+        for &e in &self.eos_token_ids {
+            if e as usize >= self.vocab_size {
+                return Err(format!(
+                    "EOS id {e} is outside the vocabulary ({})",
+                    self.vocab_size
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// What an `lfm3` GGUF adds to lfm2's metadata. llama.cpp has no LFM3 architecture yet; these
@@ -626,9 +720,12 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Sanity checks that keep later indexing in bounds.
+    /// Sanity checks that keep later indexing in bounds and allocations sane (run before any
+    /// weight is read).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(cfg_err(m));
+        self.check_values()
+            .map_err(|m| cfg_err(format!("invalid model config: {m}")))?;
         if self.hidden_size == 0
             || self.n_layers == 0
             || self.n_heads == 0

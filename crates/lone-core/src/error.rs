@@ -46,3 +46,34 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `path` must be a regular file: a named pipe or a device would block or never end.
+pub fn check_regular(path: &Path) -> Result<()> {
+    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if m.is_file() {
+        Ok(())
+    } else {
+        Err(Error::BadFile {
+            path: path.to_path_buf(),
+            msg: "not a regular file (a directory, pipe or device); give a model file".into(),
+        })
+    }
+}
+
+/// Open a regular file.
+pub fn open_regular(path: &Path) -> Result<std::fs::File> {
+    check_regular(path)?;
+    std::fs::File::open(path).map_err(|e| Error::io(path, e))
+}
+
+/// Read a regular file as UTF-8 text.
+pub fn read_text(path: &Path) -> Result<String> {
+    check_regular(path)?;
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
+/// Read a regular file's bytes.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    check_regular(path)?;
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}

@@ -205,3 +205,23 @@ fn message_normalisation_and_builtins() {
     .unwrap();
     assert_eq!(t.render(&[], false, None, None).unwrap(), "4  ");
 }
+
+/// A template that loops (nearly) forever is an error after bounded work, not a hang.
+#[test]
+fn runaway_templates_stop_with_an_error() {
+    let t = ChatTemplate::with_special_tokens(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        &[],
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let e = t.render(
+        &[json!({"role": "user", "content": "hi"})],
+        true,
+        None,
+        None,
+    );
+    assert!(e.is_err(), "rendered");
+    assert!(t0.elapsed().as_secs() < 20, "took {:?}", t0.elapsed());
+    assert!(e.unwrap_err().to_string().contains("fuel"), "message");
+}

@@ -879,3 +879,162 @@ fn verify_passes_good_files_and_names_the_broken_layer() {
         .unwrap();
     expect_error(out, "cannot load the reference");
 }
+
+/// A copy of fixture `name` in a temp dir, `edit` applied to its config.json.
+fn fixture_copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let src = fixture(name);
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() && p.extension().is_none_or(|x| x != "gguf" && x != "npy") {
+            std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let cp = tmp.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cp).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&cp, cfg.to_string()).unwrap();
+    tmp
+}
+
+/// Config values that make no sense are errors naming the value, before anything is
+/// allocated from them; a pipe as the model file is an error, not a hang; NaN weights stop
+/// generation with an error instead of sampling token 0; absurd thread counts are capped.
+#[test]
+fn hostile_model_files_are_clear_errors() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "lfm3",
+            Box::new(|c| {
+                c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 2.0.into()
+            }),
+            "partial_rotary_factor",
+        ),
+        (
+            "lfm2_a",
+            Box::new(|c| c["norm_eps"] = (-1.0).into()),
+            "norm epsilon",
+        ),
+        (
+            "qwen2",
+            Box::new(|c| c["rms_norm_eps"] = 1e308.into()),
+            "norm epsilon",
+        ),
+        (
+            "qwen2",
+            Box::new(|c| c["rope_parameters"]["rope_theta"] = 0.0.into()),
+            "theta",
+        ),
+        (
+            "llama",
+            Box::new(|c| c["num_hidden_layers"] = 1_000_000_000_000u64.into()),
+            "num_hidden_layers",
+        ),
+        (
+            "lfm3",
+            Box::new(|c| c["sliding_window"] = (1u64 << 60).into()),
+            "sliding window",
+        ),
+        (
+            "qwen3",
+            Box::new(|c| c["num_key_value_heads"] = 3.into()),
+            "KV head",
+        ),
+        (
+            "llama",
+            Box::new(|c| c["max_position_embeddings"] = (1u64 << 40).into()),
+            "context length",
+        ),
+    ];
+    for (name, edit, needle) in cases {
+        let d = fixture_copy(name, edit);
+        let t0 = std::time::Instant::now();
+        let out = lone()
+            .args([
+                "run",
+                "-m",
+                d.path().to_str().unwrap(),
+                "--prompt-ids",
+                "1",
+                "-n",
+                "2",
+            ])
+            .output()
+            .unwrap();
+        assert!(t0.elapsed().as_secs() < 30);
+        expect_error(out, needle);
+    }
+    // A named pipe: refused at once (opening it would block forever).
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let mut child = lone()
+        .args(["run", "-m", fifo.to_str().unwrap(), "--prompt-ids", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed().as_secs() > 20 {
+            child.kill().unwrap();
+            panic!("lone hung on a named pipe");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    expect_error(child.wait_with_output().unwrap(), "not a regular file");
+    // NaN weights: the final norm's weight.
+    let d = fixture_copy("qwen2", |_| {});
+    let st = d.path().join("model.safetensors");
+    let mut raw = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+    let t = &header["model.norm.weight"];
+    let (a, b) = (
+        t["data_offsets"][0].as_u64().unwrap() as usize,
+        t["data_offsets"][1].as_u64().unwrap() as usize,
+    );
+    for c in raw[8 + n + a..8 + n + b].chunks_exact_mut(4) {
+        c.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(&st, raw).unwrap();
+    let out = lone()
+        .args([
+            "run",
+            "-m",
+            d.path().to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "-n",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "NaN");
+    // --threads far above the CPUs: capped, with a warning.
+    let q = fixture("qwen2");
+    let out = lone()
+        .args([
+            "run",
+            "-m",
+            q.to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "-n",
+            "1",
+            "-t",
+            "100000",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than the"));
+}

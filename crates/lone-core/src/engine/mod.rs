@@ -607,6 +607,15 @@ impl<'t> Scheduler<'t> {
         for j in 0..=drafts.len() {
             let row = &logits[j * v..(j + 1) * v];
             let draft = drafts.get(j).copied();
+            if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
+                // Corrupt weights (or a broken kernel): never sample token 0 from NaNs.
+                emit_here(Event::Error {
+                    index: a.req.index,
+                    message: "the model produced NaN or infinite logits (corrupt weights or invalid config values?); generation stopped".into(),
+                });
+                end = Some(End::Cancelled);
+                break;
+            }
             let (tok, ok) = match a.constraint.as_mut().filter(|c| c.active()) {
                 None => a.sampler.verify(row, &a.history, draft),
                 Some(c) => {

@@ -1,7 +1,6 @@
 //! GGUF (llama.cpp's model file format, v2/v3): metadata and memory-mapped tensors.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -189,7 +188,7 @@ impl<'a> Reader<'a> {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::error::open_regular(path)?;
         // SAFETY: the file is mapped read-only; lone never writes to model files while they are
         // loaded. A concurrent writer could change what we read, as with any mmap-based loader.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;

@@ -1,7 +1,6 @@
 //! Hugging Face safetensors checkpoints (single file or sharded), memory-mapped.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,7 +17,7 @@ pub struct SafetensorsFiles {
 }
 
 fn open_one(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<()> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::error::open_regular(path)?;
     // SAFETY: read-only map of a model file that lone never writes while it is loaded.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
     let st = SafeTensors::deserialize(&map).map_err(|e| Error::BadFile {
@@ -60,7 +59,7 @@ impl SafetensorsFiles {
         if single.exists() {
             open_one(&single, &mut tensors)?;
         } else if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let text = crate::error::read_text(&index)?;
             let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
                 path: index.clone(),
                 msg: format!("invalid JSON: {e}"),

@@ -50,6 +50,9 @@ impl ChatMessage {
     }
 }
 
+/// Instructions one render may run (a long tool conversation takes well under 1 %).
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// A compiled chat template with the special-token variables it sees (`bos_token`, ...).
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -119,6 +122,8 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
+        // Bounded work: a template that loops without end (or nearly) is an error, not a hang.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

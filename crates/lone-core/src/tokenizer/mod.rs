@@ -68,7 +68,7 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 }
 
 fn read_json(path: &Path) -> Result<Json> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::error::read_text(path)?;
     serde_json::from_str(&text).map_err(|e| Error::BadFile {
         path: path.to_path_buf(),
         msg: format!("invalid JSON: {e}"),
@@ -141,7 +141,7 @@ impl TokenizerConfig {
         }
         let jinja = dir.join("chat_template.jinja");
         if jinja.is_file() {
-            let text = std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?;
+            let text = crate::error::read_text(&jinja)?;
             cfg.chat_template = Some(text);
         }
         Ok(cfg)
@@ -170,7 +170,7 @@ impl Tokenizer {
     /// Loads a `tokenizer.json`. Special tokens are not known (no config); see [`Tokenizer::from_dir`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::error::read_bytes(path)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::BadFile {
             path: path.to_path_buf(),
             msg: format!("not a valid tokenizer.json: {e}"),

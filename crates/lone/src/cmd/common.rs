@@ -112,6 +112,15 @@ pub fn load_model(path: &Path, threads: Option<usize>) -> Result<Model> {
         if t == 0 {
             bail!("--threads must be at least 1");
         }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let t = if t > cpus {
+            eprintln!(
+                "lone: warning: --threads {t} is more than the {cpus} CPUs here; using {cpus}"
+            );
+            cpus
+        } else {
+            t
+        };
         lone_core::kernels::set_threads(t);
     }
     let mut m =

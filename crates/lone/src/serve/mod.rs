@@ -391,6 +391,16 @@ async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Nex
     resp
 }
 
+/// Compare a given key with the server's in time that does not depend on where they differ.
+fn same_secret(given: &str, key: &str) -> bool {
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    let mut diff = (a.len() != b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    std::hint::black_box(diff) == 0
+}
+
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
         let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
@@ -406,7 +416,8 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
                 .get("x-api-key")
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim);
-            if bearer != Some(key.as_str()) && x_key != Some(key.as_str()) {
+            let ok = |g: Option<&str>| g.is_some_and(|g| same_secret(g, key));
+            if !ok(bearer) && !ok(x_key) {
                 return ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "invalid_request_error",
@@ -871,13 +882,13 @@ fn start(
     for (pi, p) in prompts.iter().enumerate() {
         let room = ctx.saturating_sub(p.len());
         let max_tokens = match settings.max_tokens {
-            Some(m) if p.len() + m > ctx || room == 0 => {
+            Some(m) if m > room || room == 0 => {
                 return Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
                     format!(
                         "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the {param}, {m} in the completion). Please reduce the length of the {param} or completion.",
-                        p.len() + m,
+                        p.len().saturating_add(m),
                         p.len()
                     ),
                 )

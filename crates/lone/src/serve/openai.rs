@@ -400,9 +400,14 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         let Some(obj) = m.as_object() else {
             return Err(bad("must be an object"));
         };
-        match obj.get("role") {
-            Some(Value::String(r)) if !r.is_empty() => {}
-            _ => return Err(bad("'role' must be a non-empty string")),
+        match obj.get("role").and_then(Value::as_str) {
+            Some("system" | "user" | "assistant" | "tool" | "developer" | "function") => {}
+            Some(r) => {
+                return Err(bad(&format!(
+                    "unknown role '{r}': use system, developer, user, assistant or tool"
+                )))
+            }
+            None => return Err(bad("'role' must be a string")),
         }
         let mut obj = obj.clone();
         // OpenAI's newer name for the system role.

@@ -265,12 +265,6 @@ fn top_k(row: &[f32], k: usize) -> Vec<usize> {
 }
 
 pub fn run(a: VerifyArgs) -> Result<()> {
-    if let Some(t) = a.threads {
-        if t == 0 {
-            bail!("--threads must be at least 1");
-        }
-        lone_core::kernels::set_threads(t);
-    }
     let mpath = common::local_model(&a.model)?;
     let model = common::load_model(&mpath, a.threads)?;
     let text = TextIo::load(&model, &mpath).context("cannot load the model's tokenizer")?;
