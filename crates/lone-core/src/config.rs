@@ -537,12 +537,6 @@ impl ModelConfig {
             1,
             MAX_CONTEXT,
         )?;
-        if self.n_heads % self.n_kv_heads != 0 {
-            return Err(format!(
-                "{} attention heads are not a multiple of {} KV heads",
-                self.n_heads, self.n_kv_heads
-            ));
-        }
         if self.layer_kinds.len() != self.n_layers {
             return Err(format!(
                 "{} layer kinds for {} layers",
