@@ -903,7 +903,8 @@ fn fixture_copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfi
 /// generation with an error instead of sampling token 0; absurd thread counts are capped.
 #[test]
 fn hostile_model_files_are_clear_errors() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "lfm3",
             Box::new(|c| {
