@@ -940,7 +940,7 @@ fn hostile_model_files_are_clear_errors() {
         (
             "qwen3",
             Box::new(|c| c["num_key_value_heads"] = 3.into()),
-            "KV head",
+            "num_key_value_heads",
         ),
         (
             "llama",
