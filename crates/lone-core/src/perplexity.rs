@@ -38,6 +38,131 @@ fn log_softmax(logits: &[f32], tok: usize) -> f64 {
     (logits[tok] - max) as f64 - sum.ln()
 }
 
+/// The logits of one chunk's scored half (`ctx/2 ..`), from an empty cache, BOS first.
+fn chunk_logits(model: &Model, chunk: &[u32], opt: &PerplexityOptions) -> Result<Vec<f32>> {
+    let (ctx, first, batch) = (chunk.len(), chunk.len() / 2, opt.batch.max(1));
+    let mut cache = model.new_cache();
+    let mut logits = Vec::with_capacity((ctx - first) * model.cfg.vocab_size);
+    for start in (0..ctx).step_by(batch) {
+        let mut b = Batch::default();
+        let end = (start + batch).min(ctx);
+        for (pos, &t) in chunk.iter().enumerate().take(end).skip(start) {
+            let tok = match (pos, opt.bos) {
+                (0, Some(bos)) => bos,
+                _ => t,
+            };
+            b.push(0, pos, tok, pos >= first);
+        }
+        let o = model.forward(&b, std::slice::from_mut(&mut cache))?;
+        logits.extend_from_slice(&o.logits);
+    }
+    Ok(logits)
+}
+
+/// llama-perplexity's `--kl-divergence` statistics of `model` against `reference` (a base
+/// model with the same vocabulary) on the scored tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KlResult {
+    pub ppl: f64,
+    pub ppl_reference: f64,
+    /// Mean KL(reference ‖ model) per token, and its standard error.
+    pub kld_mean: f64,
+    pub kld_stderr: f64,
+    pub kld_max: f64,
+    /// Share of tokens where both put the same token on top.
+    pub same_top: f64,
+    /// Mean of p_model(token) − p_reference(token) for the actual next token.
+    pub mean_dp: f64,
+    pub scored: usize,
+}
+
+/// `model` against `reference` with the perplexity method's chunks; `on_chunk(i, mean KLD)`.
+pub fn kl_divergence(
+    model: &Model,
+    reference: &Model,
+    tokens: &[u32],
+    opt: &PerplexityOptions,
+    mut on_chunk: impl FnMut(usize, f64),
+) -> Result<KlResult> {
+    let v = model.cfg.vocab_size;
+    if reference.cfg.vocab_size != v {
+        return Err(Error::Input(format!(
+            "the reference has {} logits and the model {v}: they must share a vocabulary",
+            reference.cfg.vocab_size
+        )));
+    }
+    let ctx = opt.ctx;
+    if ctx < 4 || tokens.len() < 2 * ctx {
+        return Err(Error::Input(format!(
+            "the text has {} tokens; a context of {ctx} needs at least {} (2 × ctx, ctx ≥ 4)",
+            tokens.len(),
+            2 * ctx
+        )));
+    }
+    let n_chunks = (tokens.len() / ctx).min(opt.chunks.unwrap_or(usize::MAX));
+    let first = ctx / 2;
+    let mut r = KlResult::default();
+    let (mut nll, mut nll_ref, mut k, mut k2, mut same, mut dp) = (0.0, 0.0, 0.0, 0.0, 0usize, 0.0);
+    let mut n = 0usize;
+    for i in 0..n_chunks {
+        let chunk = &tokens[i * ctx..(i + 1) * ctx];
+        let (lm, lr) = (
+            chunk_logits(model, chunk, opt)?,
+            chunk_logits(reference, chunk, opt)?,
+        );
+        for j in 0..ctx - 1 - first {
+            let (a, b) = (&lm[j * v..(j + 1) * v], &lr[j * v..(j + 1) * v]);
+            let (pa, pb) = (log_probs(a), log_probs(b));
+            let kl: f64 = pb.iter().zip(&pa).map(|(&q, &p)| q.exp() * (q - p)).sum();
+            let next = chunk[first + j + 1] as usize;
+            nll -= pa[next];
+            nll_ref -= pb[next];
+            k += kl;
+            k2 += kl * kl;
+            r.kld_max = r.kld_max.max(kl);
+            same += (argmax(a) == argmax(b)) as usize;
+            dp += pa[next].exp() - pb[next].exp();
+            n += 1;
+        }
+        on_chunk(i, k / n as f64);
+    }
+    let nf = n as f64;
+    r.ppl = (nll / nf).exp();
+    r.ppl_reference = (nll_ref / nf).exp();
+    r.kld_mean = k / nf;
+    let var = k2 / nf - r.kld_mean * r.kld_mean;
+    r.kld_stderr = if var > 0.0 && n > 1 {
+        (var / (nf - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    r.same_top = same as f64 / nf;
+    r.mean_dp = dp / nf;
+    r.scored = n;
+    Ok(r)
+}
+
+fn log_probs(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = row
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
+    row.iter().map(|&l| l as f64 - lse).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}
+
 /// The perplexity of `model` on `tokens`; `on_chunk(i, running)` after each chunk.
 pub fn perplexity(
     model: &Model,
@@ -64,7 +189,6 @@ pub fn perplexity(
             2 * ctx
         )));
     }
-    let batch = opt.batch.max(1);
     let v = model.cfg.vocab_size;
     let n_chunks = (tokens.len() / ctx).min(opt.chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
@@ -72,21 +196,7 @@ pub fn perplexity(
     let mut out = PerplexityResult::default();
     for i in 0..n_chunks {
         let chunk = &tokens[i * ctx..(i + 1) * ctx];
-        let mut cache = model.new_cache();
-        let mut logits = Vec::with_capacity((ctx - first) * v);
-        for start in (0..ctx).step_by(batch) {
-            let mut b = Batch::default();
-            let end = (start + batch).min(ctx);
-            for (pos, &t) in chunk.iter().enumerate().take(end).skip(start) {
-                let tok = match (pos, opt.bos) {
-                    (0, Some(bos)) => bos,
-                    _ => t,
-                };
-                b.push(0, pos, tok, pos >= first);
-            }
-            let o = model.forward(&b, std::slice::from_mut(&mut cache))?;
-            logits.extend_from_slice(&o.logits);
-        }
+        let logits = chunk_logits(model, chunk, opt)?;
         for j in 0..ctx - 1 - first {
             let row = &logits[j * v..(j + 1) * v];
             let lp = log_softmax(row, chunk[first + j + 1] as usize);

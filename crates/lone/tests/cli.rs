@@ -612,7 +612,39 @@ fn perplexity_matches_transformers() {
             assert!(rel(a, b) < 1e-4, "{name}");
         }
     }
+    // --kl-divergence: a model against itself is 0; its Q8_0 copy is close but not 0; the
+    // base model's perplexity is transformers'.
     let d = fixture("qwen2");
+    let q8 = d.join("model-q8_0.gguf");
+    let kl = |m: &Path| {
+        lone_json(&[
+            "--exact",
+            "--cache-type",
+            "f32",
+            "perplexity",
+            "--kl-divergence",
+            "--json",
+            "-c",
+            &ctx,
+            "-r",
+            d.to_str().unwrap(),
+            "-m",
+            m.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+        ])
+    };
+    let same = kl(&d);
+    assert_eq!(
+        (same["kld_mean"].as_f64(), same["same_top"].as_f64()),
+        (Some(0.0), Some(1.0))
+    );
+    let w = &want["models"]["qwen2"]["ppl"];
+    assert!((same["ppl_reference"].as_f64().unwrap() / w.as_f64().unwrap() - 1.0).abs() < 1e-4);
+    let q = kl(&q8);
+    let k = q["kld_mean"].as_f64().unwrap();
+    assert!(k > 0.0 && k < 0.01, "{q}");
+    assert!(q["same_top"].as_f64().unwrap() > 0.9, "{q}");
     let short = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(short.path(), "too short").unwrap();
     let bad = tempfile::NamedTempFile::new().unwrap();

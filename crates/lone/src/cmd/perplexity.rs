@@ -28,6 +28,14 @@ pub struct PerplexityArgs {
     #[arg(long)]
     pub chunks: Option<usize>,
     /// Worker threads for the matrix kernels (default: the CPU's cores).
+    /// Compare against a base model (same vocabulary): llama-perplexity's --kl-divergence
+    /// statistics (mean KL divergence, same top token, Δp, both perplexities).
+    #[arg(long, requires = "reference")]
+    pub kl_divergence: bool,
+    /// The base model for --kl-divergence (e.g. the f32/bf16 source of a quantized file).
+    #[arg(long, short)]
+    pub reference: Option<PathBuf>,
+    /// Worker threads for the matrix kernels (default: the CPU's cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
     /// One JSON object instead of llama-perplexity's lines.
@@ -59,6 +67,47 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             .then(|| io.tokenizer.bos_id())
             .flatten(),
     };
+    if a.kl_divergence {
+        let rpath = common::local_model(a.reference.as_deref().unwrap_or(&path))?;
+        let reference = common::load_model(&rpath, a.threads)
+            .with_context(|| format!("cannot load the reference {}", rpath.display()))?;
+        let json = a.json;
+        let r =
+            lone_core::perplexity::kl_divergence(&model, &reference, &tokens, &opts, |i, k| {
+                if !json {
+                    eprint!("[{}]{k:.6},", i + 1);
+                }
+            })?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "model": path.display().to_string(), "reference": rpath.display().to_string(),
+                    "ppl": r.ppl, "ppl_reference": r.ppl_reference, "ppl_ratio": r.ppl / r.ppl_reference,
+                    "kld_mean": r.kld_mean, "kld_stderr": r.kld_stderr, "kld_max": r.kld_max,
+                    "same_top": r.same_top, "mean_dp": r.mean_dp, "scored_tokens": r.scored,
+                })
+            );
+        } else {
+            eprintln!();
+            println!(
+                "Mean PPL(Q): {:.6}  PPL(base): {:.6}  ratio {:.6}",
+                r.ppl,
+                r.ppl_reference,
+                r.ppl / r.ppl_reference
+            );
+            println!(
+                "Mean KLD: {:.6} ± {:.6}  Maximum KLD: {:.6}",
+                r.kld_mean, r.kld_stderr, r.kld_max
+            );
+            println!(
+                "Same top p: {:.3} %  Mean Δp: {:.3} %",
+                100.0 * r.same_top,
+                100.0 * r.mean_dp
+            );
+        }
+        return Ok(());
+    }
     let t0 = std::time::Instant::now();
     let mut err = std::io::stderr().lock();
     let json = a.json;
