@@ -226,6 +226,16 @@ fn not_a_model_file() {
 
 /// A minimal GGUF v3: metadata strings/u32s and tensors of the given ggml type ids.
 fn write_gguf(path: &Path, arch: &str, tensors: &[(&str, Vec<u64>, u32, usize)]) {
+    write_gguf_at(path, arch, tensors, None)
+}
+
+/// [`write_gguf`] with the tensors' data offsets given (else packed, 32-aligned).
+fn write_gguf_at(
+    path: &Path,
+    arch: &str,
+    tensors: &[(&str, Vec<u64>, u32, usize)],
+    offsets: Option<&[u64]>,
+) {
     fn s(out: &mut Vec<u8>, v: &str) {
         out.extend_from_slice(&(v.len() as u64).to_le_bytes());
         out.extend_from_slice(v.as_bytes());
@@ -238,14 +248,15 @@ fn write_gguf(path: &Path, arch: &str, tensors: &[(&str, Vec<u64>, u32, usize)])
     b.extend_from_slice(&8u32.to_le_bytes());
     s(&mut b, arch);
     let mut off = 0u64;
-    for (name, dims, ty, nbytes) in tensors {
+    for (i, (name, dims, ty, nbytes)) in tensors.iter().enumerate() {
         s(&mut b, name);
         b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
         for d in dims {
             b.extend_from_slice(&d.to_le_bytes());
         }
         b.extend_from_slice(&ty.to_le_bytes());
-        b.extend_from_slice(&off.to_le_bytes());
+        let at = offsets.map_or(off, |o| o[i]);
+        b.extend_from_slice(&at.to_le_bytes());
         off += (*nbytes as u64).div_ceil(32) * 32;
     }
     while !b.len().is_multiple_of(32) {
@@ -269,6 +280,26 @@ fn unknown_gguf_architecture() {
         .output()
         .unwrap();
     expect_error(out, "architecture 'gpt2' is not supported");
+}
+
+/// GGUF tensor regions must be aligned, inside the data section and not overlap.
+#[test]
+fn gguf_layout_is_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.gguf");
+    let t = |n| (n, vec![64u64, 8], 0u32, 64 * 8 * 4);
+    let two = [t("token_embd.weight"), t("output_norm.weight")];
+    for (offsets, needle) in [
+        ([0u64, 0], "overlap"),
+        ([0, 1024], "overlap"),
+        ([0, 2056], "not aligned"),
+    ] {
+        write_gguf_at(&p, "llama", &two, Some(&offsets));
+        expect_error(run_one_token(p.to_str().unwrap()), needle);
+    }
+    let dup = [t("token_embd.weight"), t("token_embd.weight")];
+    write_gguf(&p, "llama", &dup);
+    expect_error(run_one_token(p.to_str().unwrap()), "twice");
 }
 
 #[test]
@@ -914,19 +945,8 @@ fn verify_passes_good_files_and_names_the_broken_layer() {
 
 /// A copy of fixture `name` in a temp dir, `edit` applied to its config.json.
 fn fixture_copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
-    let src = fixture(name);
     let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_file() && p.extension().is_none_or(|x| x != "gguf" && x != "npy") {
-            std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-        }
-    }
-    let cp = tmp.path().join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cp).unwrap()).unwrap();
-    edit(&mut cfg);
-    std::fs::write(&cp, cfg.to_string()).unwrap();
+    copy_checkpoint(&fixture(name), tmp.path(), edit);
     tmp
 }
 

@@ -264,6 +264,11 @@ impl GgufFile {
                 )));
             }
             let len = dtype.bytes_for(n).ok_or_else(|| r.err("bad tensor size"))?;
+            if off % alignment != 0 {
+                return Err(r.err(&format!(
+                    "tensor '{name}' starts at data offset {off}, which is not aligned to {alignment} bytes"
+                )));
+            }
             let offset = data_start
                 .checked_add(off)
                 .ok_or_else(|| r.err("bad tensor offset"))?;
@@ -284,6 +289,27 @@ impl GgufFile {
                 offset,
                 len,
             });
+        }
+        // Regions must not overlap (each byte belongs to one tensor), names must be unique.
+        let mut order: Vec<&GgufTensorInfo> = tensors.iter().collect();
+        order.sort_by_key(|t| (t.offset, t.len));
+        for w in order.windows(2) {
+            if w[1].offset < w[0].offset + w[0].len {
+                return Err(r.err(&format!(
+                    "tensors '{}' and '{}' overlap (bytes {}..{} and {}..{})",
+                    w[0].name,
+                    w[1].name,
+                    w[0].offset,
+                    w[0].offset + w[0].len,
+                    w[1].offset,
+                    w[1].offset + w[1].len
+                )));
+            }
+        }
+        let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(r.err(&format!("tensor '{}' appears twice", w[0])));
         }
         Ok(GgufFile {
             path: path.to_path_buf(),
