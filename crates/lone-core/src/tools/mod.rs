@@ -176,8 +176,8 @@ enum State {
 /// schema); `Err` sends the block back as content.
 pub type CallCheck = std::sync::Arc<dyn Fn(&ToolCall) -> Result<(), String> + Send + Sync>;
 
-/// What the parser looks for.
-#[derive(Clone)]
+/// What the parser looks for (default: plain text, nothing split).
+#[derive(Clone, Default)]
 pub struct ReplyOptions {
     /// `None`: tool calls are not parsed (no tools, or `tool_choice: none`).
     pub tools: Option<ToolFormat>,

@@ -19,7 +19,9 @@ use serde_json::{json, Map, Value};
 
 use super::engine::Event;
 use super::openai::{ApiError, Kind};
-use super::{body_json, chat_messages, collect_one, ready_or_503, start, AppState, Started};
+use super::{
+    body_json, chat_messages, collect_one, ready_or_503, render_chat, start, AppState, Started,
+};
 
 /// Anthropic's error shape.
 fn err(e: ApiError) -> Response {
@@ -273,14 +275,9 @@ pub(super) async fn count_tokens(
         let ready = ready_or_503(&st)?;
         let v = openai_request(&body_json(body)?, true)?;
         let (msgs, plan) = chat_messages(ready, &v)?;
-        let ids = tokio::task::block_in_place(|| {
-            let r = ready
-                .text
-                .render_chat_tools(&msgs, true, plan.template_tools.as_ref())?;
-            ready.text.tokenizer.encode(&r, false)
-        })
-        .map_err(|e| {
-            ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
+        let prompt = render_chat(ready, &msgs, &plan)?;
+        let ids = ready.text.tokenizer.encode(&prompt, false).map_err(|e| {
+            ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}"))
         })?;
         Ok(json!({"input_tokens": ids.len()}))
     };

@@ -623,18 +623,23 @@ async fn apply_template(
         let ready = ready_or_503(&st)?;
         let v = body_json(body)?;
         let (msgs, plan) = chat_messages(ready, &v)?;
-        let prompt = tokio::task::block_in_place(|| {
-            ready
-                .text
-                .render_chat_tools(&msgs, true, plan.template_tools.as_ref())
-        })
-        .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
-        Ok(json!({ "prompt": prompt }))
+        Ok(json!({ "prompt": render_chat(ready, &msgs, &plan)? }))
     };
     match run() {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// The prompt text `msgs` render to with the request's tools (off the async workers:
+/// templates can take a while on big inputs).
+fn render_chat(ready: &Ready, msgs: &[Value], plan: &tools::ChatPlan) -> Result<String, ApiError> {
+    tokio::task::block_in_place(|| {
+        ready
+            .text
+            .render_chat_tools(msgs, true, plan.template_tools.as_ref())
+    })
+    .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))
 }
 
 /// A chat request's messages as the template gets them, and what its tools ask for.
@@ -768,13 +773,11 @@ fn start(
     let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
-            // Templates and tokenizers can take a while on big inputs: off the async workers.
-            let rendered = tokio::task::block_in_place(|| {
-                let r = text.render_chat_tools(&msgs, true, plan.template_tools.as_ref())?;
-                Ok::<_, lone_core::Error>((text.tokenizer.encode(&r, false)?, r))
-            })
-            .map_err(|e| bad_request("messages", format!("cannot apply the chat template: {e}")))?;
-            let (ids, prompt_text) = rendered;
+            let prompt_text = render_chat(ready, &msgs, &plan)?;
+            let ids = tokio::task::block_in_place(|| text.tokenizer.encode(&prompt_text, false))
+                .map_err(|e| {
+                    bad_request("messages", format!("cannot apply the chat template: {e}"))
+                })?;
             if st.log.prompts {
                 prompt_log = Some(prompt_text.clone());
             }

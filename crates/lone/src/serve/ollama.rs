@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lone_core::tools::{ReplyDelta, ReplyOptions, ReplyParser};
+use lone_core::tools::{ReplyDelta, ReplyParser};
 use serde_json::{json, Map, Value};
 
 use super::engine::Event;
@@ -211,14 +211,9 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
         Err(e) => return err(e),
     };
     let model = st.model_id.clone();
-    let opts = ReplyOptions {
-        tools: None,
-        reasoning: kind == Kind::Chat,
-        starts_thinking: false,
-        single_call: false,
-        names: Vec::new(),
-        check: None,
-    };
+    // Chat: the plan's options (reasoning split, a template that opens `<think>`); raw
+    // generate: plain text.
+    let opts = meta.reply.clone().unwrap_or_default();
     let prompt_tokens = meta.prompt_tokens;
     if !streaming {
         let c = &match collect_one(&mut rx, &mut log).await {

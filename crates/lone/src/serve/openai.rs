@@ -581,14 +581,7 @@ pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value
         .enumerate()
         .map(|(i, c)| match meta.kind {
             Kind::Chat => {
-                let opt = meta.reply.clone().unwrap_or(lone_core::tools::ReplyOptions {
-                    tools: None,
-                    reasoning: false,
-                    starts_thinking: false,
-                    single_call: false,
-                    names: Vec::new(),
-                    check: None,
-                });
+                let opt = meta.reply.clone().unwrap_or_default();
                 let reply = lone_core::tools::parse_reply(opt, &c.text);
                 for w in &reply.warnings {
                     eprintln!("lone serve: warning: {w}");
