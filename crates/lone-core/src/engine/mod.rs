@@ -25,6 +25,7 @@ pub use stop::StopMatcher;
 
 use crate::cache::SeqCache;
 use crate::error::Result;
+use crate::kernels;
 use crate::models::{Batch, Model};
 use crate::sampler::{self, Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
@@ -520,6 +521,13 @@ impl<'t> Scheduler<'t> {
         if batch.is_empty() {
             return Ok(st);
         }
+        // Auto mode's promise: prompts are processed exactly. A step with prompt rows runs
+        // exact (the decode rows sharing it too); only decode-only steps take the 8-bit
+        // matrix-vector kernels. A prompt's last rows, fewer than the GEMM threshold in their
+        // chunk, would otherwise take them: on SmolLM2-135M Q4_1 that alone turns "Paris"
+        // into "L'Étoile…" (what llama.cpp answers with 8-bit activations everywhere).
+        let _exact_prompt = (st.prefill_rows > 0 && kernels::mode() == kernels::Mode::Auto)
+            .then(|| kernels::exact_scope(true));
         let t0 = std::time::Instant::now();
         let out = model.forward(&batch, &mut self.caches)?;
         st.forward_ns = t0.elapsed().as_nanos() as u64;

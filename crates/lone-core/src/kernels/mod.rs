@@ -34,6 +34,7 @@ mod bf16;
 mod int8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod packed;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -68,8 +69,8 @@ pub enum Mode {
     /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
     Exact = 1,
     /// The default: on x86 (AVX2, AVX-512), prompt processing (many rows: the f32 GEMM) is
-    /// exact and the matrix-vector products of Q8_0 and K-quant weights (decode: fewer than
-    /// 16 rows) take fast mode's 8-bit kernels (the 4/5-bit legacy formats stay exact: see
+    /// exact and the matrix-vector products of Q4_0, Q4_1, Q8_0 and K-quant weights (decode:
+    /// fewer than 16 rows) take fast mode's 8-bit kernels (Q5_0/Q5_1 stay exact: see
     /// `auto_8bit`). `Model::forward` then
     /// recomputes each row's top output logits exactly, so the token picked is the exact
     /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
@@ -313,6 +314,8 @@ struct Kernel {
     igemm: bool,
     /// Fast mode, BF16 weights: the bf16 GEMM ([`bf16`]) for many activation rows.
     bgemm: bool,
+    /// `f` reads the weights in [`packed`]'s rows-by-8 layout ([`Tensor::packed`]).
+    packed: bool,
 }
 
 /// The 8-bit activation format llama.cpp pairs with a weight format.
@@ -353,7 +356,7 @@ unsafe fn scalar_rows(a: &MatArgs) {
 /// activation) kernels, which are faster there than the 8-bit ones (the table-lookup kernels
 /// of `x86.rs`); their many-row products still take the 8-bit GEMM.
 fn exact_matvec_in_fast_mode(isa: Isa, dtype: DType) -> bool {
-    isa == Isa::Avx512 && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+    isa == Isa::Avx512 && matches!(dtype, DType::Q5_0 | DType::Q5_1)
 }
 
 fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
@@ -368,6 +371,7 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         gemm: None,
         igemm: false,
         bgemm: false,
+        packed: false,
     };
     match isa {
         Isa::Scalar => scalar,
@@ -393,6 +397,7 @@ fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             gemm: None,
             igemm: false,
             bgemm: false,
+            packed: false,
         }),
         #[allow(unreachable_patterns)]
         _ => scalar,
@@ -441,12 +446,14 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             }),
             igemm: false,
             bgemm: false,
+            packed: false,
         })
     };
     if let Some(ad) = fast_act {
+        let packed = matches!(dtype, DType::Q4_0 | DType::Q4_1);
         let f = match dtype {
-            DType::Q4_0 => pick!(q4_0),
-            DType::Q4_1 => pick!(q4_1),
+            DType::Q4_0 => pick!(q4_0_x8),
+            DType::Q4_1 => pick!(q4_1_x8),
             DType::Q5_0 => pick!(q5_0),
             DType::Q5_1 => pick!(q5_1),
             DType::Q8_0 => pick!(q8_0),
@@ -461,6 +468,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
             gemm: None,
             igemm: false,
             bgemm: false,
+            packed,
         });
     }
     // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
@@ -783,16 +791,14 @@ unsafe fn exp_scalar(x: *mut f32, n: usize) {
 }
 
 /// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
-/// of `isa`: x86, formats with 8-bit kernels, except the 4/5-bit legacy formats (Q4_0, Q4_1,
-/// Q5_0, Q5_1), which stay on the exact kernels — on AVX-512 those are the faster ones; on
-/// AVX2 the 8-bit ones are ~10 % faster at decode, but they flip SmolLM2 Q4_1's answer
-/// whenever the last prompt token is decoded on its own (chat and serve prefill the prompt
-/// up to its last token, then decode that one), and the exact ones keep every front end's
-/// first token the exact one.
+/// of `isa`: x86, formats with 8-bit kernels, except Q5_0/Q5_1, which stay on the exact
+/// kernels (on AVX-512 those are the faster ones; on AVX2 the 8-bit ones gain ~10 %). Q4_0 and
+/// Q4_1 take the rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones
+/// are not (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s, docs/performance.md).
 fn auto_8bit(isa: Isa, dtype: DType) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512)
         && act_format(dtype).is_some()
-        && !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+        && !matches!(dtype, DType::Q5_0 | DType::Q5_1)
 }
 
 /// Most rows of one matmul whose results do not depend on how many rows there are, for
@@ -1054,7 +1060,7 @@ fn with_block_sums(x: &[f32], n: usize, k: usize, buf: &mut Vec<f32>) {
 
 /// Rows per task of the matrix-vector path: about 4 tasks per thread, whole tiles.
 fn rows_chunk(m: usize) -> usize {
-    m.div_ceil(threads() * 4).max(TILE_ROWS)
+    m.div_ceil(threads() * 4).next_multiple_of(TILE_ROWS)
 }
 
 /// The matrix-vector kernels over weight rows `range` of `job`: `TILE_ROWS` rows by up to 4
@@ -1068,7 +1074,13 @@ unsafe fn rows_task(job: &Job, xp: *const u8, xs: usize, n: usize, range: std::o
     let k = job.w.row_len();
     let m = job.w.n_rows();
     let rb = job.w.dtype.bytes_for(k).expect("checked by the caller");
-    let wp = job.w.data().as_ptr();
+    let wp = if job.kern.packed {
+        // Groups of 8 rows at the rows' own offsets: `range` starts at a multiple of
+        // TILE_ROWS (`rows_chunk`), so every tile starts a group.
+        job.w.packed(packed::rows_by_8).as_ptr()
+    } else {
+        job.w.data().as_ptr()
+    };
     let mut r0 = range.start;
     while r0 < range.end {
         let rows = TILE_ROWS.min(range.end - r0);

@@ -1014,6 +1014,11 @@ pub(super) trait IDot {
     unsafe fn dot(a: __m256i, b: __m256i) -> __m256i;
     /// `acc + Σ (a·b pairs) · scale` with `scale` per i16 lane (pairs of bytes).
     unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i;
+    /// One step of a block's running `Σ a·b` (unsigned 4-bit `a`, signed 8-bit `b` in
+    /// [-127, 127]): at most 8 steps per block, then [`IDot::acc_finish`] gives i32 lanes of
+    /// 4 products' sums. AVX2 keeps i16 pairs: 8 steps are at most 8·2·15·127 = 30480 < 2^15.
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    unsafe fn acc_finish(acc: __m256i) -> __m256i;
 }
 pub(super) struct Maddubs;
 pub(super) struct Vnni;
@@ -1026,6 +1031,14 @@ impl IDot for Maddubs {
     unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
         _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), scale))
     }
+    #[inline(always)]
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b))
+    }
+    #[inline(always)]
+    unsafe fn acc_finish(acc: __m256i) -> __m256i {
+        _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+    }
 }
 impl IDot for Vnni {
     #[inline(always)]
@@ -1035,6 +1048,14 @@ impl IDot for Vnni {
     #[inline(always)]
     unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
         _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(a, b), scale)
+    }
+    #[inline(always)]
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn acc_finish(acc: __m256i) -> __m256i {
+        acc
     }
 }
 
@@ -1302,6 +1323,80 @@ unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
         3 => legacy_rows_n::<D, W, 3>(a),
         _ => legacy_rows_n::<D, W, 4>(a),
     }
+}
+
+// ------------------------------------------------------------------ 8-bit, rows packed by 8
+
+/// The 8-bit kernels over Q4_0/Q4_1 rows packed by [`super::packed`]: in groups of 8 rows,
+/// block by block, the 8 rows' f16 scales (then mins), then 4 chunks of 32 bytes, chunk `c`
+/// holding quant bytes `4c..4c+4` of each row (row `r` in i32 lane `r`). One load serves all
+/// 8 rows, their block sums are the 8 lanes of one register (no horizontal sums, no scale
+/// broadcasts) and the weights are one sequential stream. Activations: Q8_1 rows with f32
+/// block sums (as [`legacy_rows`] takes them); rows past the last whole group are stored as
+/// they were and take [`legacy_rows_n`].
+#[inline(always)]
+unsafe fn packed4_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
+    let hb = if W::M_AT != 0 { 4 } else { 2 };
+    let gb = 8 * W::BB;
+    let groups = a.rows / 8;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let m4 = _mm256_set1_epi8(0x0f);
+    for g in 0..groups {
+        let base = a.w.add(g * 8 * a.w_stride);
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let p = base.add(b * gb);
+            for l in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+            let mv = if W::M_AT != 0 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i))
+            } else {
+                _mm256_mul_ps(dv, _mm256_set1_ps(W::ZERO))
+            };
+            let q = p.add(8 * hb);
+            let mut s = [_mm256_setzero_si256(); NX];
+            for c in 0..4 {
+                let raw = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
+                let lo = _mm256_and_si256(raw, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                for t in 0..NX {
+                    let xq = xs[t].add(b * 36 + 4);
+                    let xl = _mm256_set1_epi32((xq.add(4 * c) as *const i32).read_unaligned());
+                    let xh = _mm256_set1_epi32((xq.add(16 + 4 * c) as *const i32).read_unaligned());
+                    s[t] = D::acc_dot(s[t], lo, xl);
+                    s[t] = D::acc_dot(s[t], hi, xh);
+                }
+            }
+            for t in 0..NX {
+                let d = _mm256_mul_ps(dv, _mm256_set1_ps(f16_at(xs[t].add(b * 36))));
+                // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
+                let sum = (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
+                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::acc_finish(s[t])), d, acc[t]);
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sum), v);
+            }
+        }
+        for t in 0..NX {
+            _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * g), acc[t]);
+        }
+    }
+    let r = groups * 8;
+    if r < a.rows {
+        let rest = MatArgs {
+            w: a.w.add(r * a.w_stride),
+            rows: a.rows - r,
+            out: a.out.add(r),
+            ..*a
+        };
+        legacy_rows_n::<D, W, NX>(&rest);
+    }
+}
+
+#[inline(always)]
+unsafe fn packed4_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
+    by_nx!(a, packed4_rows_n, D, W)
 }
 
 // ------------------------------------------------------------------ exact, scales factored (AVX2)
@@ -2452,8 +2547,8 @@ macro_rules! level {
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
             entry!(exact_q6_k, $features, $q6k);
-            entry!(q4_0, $features, legacy_rows::<$D, WQ4_0U>);
-            entry!(q4_1, $features, legacy_rows::<$D, WQ4_1>);
+            entry!(q4_0_x8, $features, packed4_rows::<$D, WQ4_0U>);
+            entry!(q4_1_x8, $features, packed4_rows::<$D, WQ4_1>);
             entry!(q5_0, $features, legacy_rows::<$D, WQ5_0U>);
             entry!(q5_1, $features, legacy_rows::<$D, WQ5_1>);
             entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);

@@ -3,7 +3,7 @@
 mod dtype;
 pub use dtype::{ggml_type_name, DType};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -23,6 +23,9 @@ pub struct Tensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
     bytes: Bytes,
+    /// The same values in a layout a kernel prefers (`kernels::packed`), built on first use
+    /// and shared by clones (a tied embedding and LM head).
+    packed: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -45,6 +48,7 @@ impl Tensor {
             dtype,
             shape,
             bytes: Bytes::Mmap { map, offset, len },
+            packed: Arc::default(),
         }
     }
 
@@ -53,6 +57,7 @@ impl Tensor {
             dtype,
             shape,
             bytes: Bytes::Owned(Arc::new(bytes)),
+            packed: Arc::default(),
         }
     }
 
@@ -69,6 +74,11 @@ impl Tensor {
             Bytes::Mmap { map, offset, len } => &map[*offset..*offset + *len],
             Bytes::Owned(v) => v,
         }
+    }
+
+    /// The bytes in the kernels' preferred layout: `pack(self)` the first time.
+    pub(crate) fn packed(&self, pack: impl FnOnce(&Tensor) -> Vec<u8>) -> &[u8] {
+        self.packed.get_or_init(|| pack(self))
     }
 
     pub fn numel(&self) -> usize {
