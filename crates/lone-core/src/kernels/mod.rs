@@ -69,9 +69,9 @@ pub enum Mode {
     /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
     Exact = 1,
     /// The default: on x86 (AVX2, AVX-512), prompt processing (many rows: the f32 GEMM) is
-    /// exact and the matrix-vector products of Q4_0, Q4_1, Q8_0 and K-quant weights (decode:
-    /// fewer than 16 rows) take fast mode's 8-bit kernels (Q5_0/Q5_1 stay exact: see
-    /// `auto_8bit`). `Model::forward` then
+    /// exact and the matrix-vector products of quantized weights with 8-bit kernels (decode:
+    /// fewer than 16 rows; Q4_0-Q8_0 and Q4_K-Q6_K, see `auto_8bit`) take them.
+    /// `Model::forward` then
     /// recomputes each row's top output logits exactly, so the token picked is the exact
     /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
     /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. Elsewhere (scalar,
@@ -352,19 +352,8 @@ unsafe fn scalar_rows(a: &MatArgs) {
     }
 }
 
-/// Fast mode on AVX-512: formats whose matrix-vector products stay on the exact (f32
-/// activation) kernels, which are faster there than the 8-bit ones (the table-lookup kernels
-/// of `x86.rs`); their many-row products still take the 8-bit GEMM.
-fn exact_matvec_in_fast_mode(isa: Isa, dtype: DType) -> bool {
-    isa == Isa::Avx512 && matches!(dtype, DType::Q5_0 | DType::Q5_1)
-}
-
 fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
-    let fast_act = if exact || exact_matvec_in_fast_mode(isa, dtype) {
-        None
-    } else {
-        act_format(dtype)
-    };
+    let fast_act = if exact { None } else { act_format(dtype) };
     let scalar = Kernel {
         f: scalar_rows,
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
@@ -450,12 +439,12 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
         })
     };
     if let Some(ad) = fast_act {
-        let packed = matches!(dtype, DType::Q4_0 | DType::Q4_1);
+        let packed = packed::packs(dtype);
         let f = match dtype {
             DType::Q4_0 => pick!(q4_0_x8),
             DType::Q4_1 => pick!(q4_1_x8),
-            DType::Q5_0 => pick!(q5_0),
-            DType::Q5_1 => pick!(q5_1),
+            DType::Q5_0 => pick!(q5_0_x8),
+            DType::Q5_1 => pick!(q5_1_x8),
             DType::Q8_0 => pick!(q8_0),
             DType::Q4K => pick!(q4_k),
             DType::Q5K => pick!(q5_k),
@@ -791,14 +780,12 @@ unsafe fn exp_scalar(x: *mut f32, n: usize) {
 }
 
 /// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
-/// of `isa`: x86, formats with 8-bit kernels, except Q5_0/Q5_1, which stay on the exact
-/// kernels (on AVX-512 those are the faster ones; on AVX2 the 8-bit ones gain ~10 %). Q4_0 and
-/// Q4_1 take the rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones
-/// are not (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s, docs/performance.md).
+/// of `isa`: x86, every format with 8-bit kernels. The 4/5-bit legacy formats take the
+/// rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones are not
+/// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
+/// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
 fn auto_8bit(isa: Isa, dtype: DType) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512)
-        && act_format(dtype).is_some()
-        && !matches!(dtype, DType::Q5_0 | DType::Q5_1)
+    matches!(isa, Isa::Avx2 | Isa::Avx512) && act_format(dtype).is_some()
 }
 
 /// Most rows of one matmul whose results do not depend on how many rows there are, for
@@ -1466,7 +1453,7 @@ fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
     if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
     }
-    if exact_matvec_in_fast_mode(isa, dtype) || (isa == Isa::Avx2 && n >= GEMM_MIN_ROWS) {
+    if isa == Isa::Avx2 && n >= GEMM_MIN_ROWS {
         return None;
     }
     let _ = (isa, n, k);

@@ -1,12 +1,13 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
-//! **Rows by 8** (Q4_0, Q4_1; the x86 8-bit matrix-vector kernels `q4_0_x8`/`q4_1_x8`): the
-//! rows are taken in groups of 8, and each group's blocks are stored block by block: the 8
-//! rows' f16 scales (16 bytes), for Q4_1 their 8 f16 mins (16 bytes), then the 8 rows'
-//! 16 quant bytes in 4 chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0, then
-//! of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of a
-//! group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
+//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1; the x86 8-bit matrix-vector kernels `q4_0_x8` …):
+//! the rows are taken in groups of 8, and each group's blocks are stored block by block: the
+//! 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (16 bytes), for Q5_0/Q5_1
+//! their 8 high-bit words (32 bytes, bits rearranged: see [`high_bits_by_chunk`]), then the 8
+//! rows' 16 quant bytes in 4 chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0,
+//! then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
+//! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
 //! stay as they were stored.
 
 use crate::tensor::{DType, Tensor};
@@ -14,21 +15,58 @@ use crate::tensor::{DType, Tensor};
 /// Rows per packed group.
 pub(crate) const GROUP: usize = 8;
 
-/// Bytes before the quants in each block of a format packed by 8 (the f16 scale, and min).
-fn header_bytes(dtype: DType) -> Option<usize> {
+/// (f16 fields, whether a 32-bit high-bit word follows them) at the start of each block of
+/// a format packed by 8; the 16 quant bytes come after.
+fn header(dtype: DType) -> Option<(usize, bool)> {
     match dtype {
-        DType::Q4_0 => Some(2),
-        DType::Q4_1 => Some(4),
+        DType::Q4_0 => Some((1, false)),
+        DType::Q4_1 => Some((2, false)),
+        DType::Q5_0 => Some((1, true)),
+        DType::Q5_1 => Some((2, true)),
         _ => None,
     }
+}
+
+/// Whether [`rows_by_8`] packs `dtype`.
+pub(crate) fn packs(dtype: DType) -> bool {
+    header(dtype).is_some()
+}
+
+/// A Q5 block's high-bit word `qh` (bit `i` = bit 4 of element `i`) rearranged for the
+/// chunked quants: byte `j`, bit `c` = bit 4 of element `4c + j` (the low nibble of quant
+/// byte `4c + j`), bit `4 + c` = bit 4 of element `16 + 4c + j` (its high nibble). Chunk
+/// `c`'s fifth bits are then `(h << (4 - c)) & 0x10…` and `(h >> c) & 0x10…`, byte for byte.
+pub(crate) fn high_bits_by_chunk(qh: u32) -> u32 {
+    let mut h = 0u32;
+    for j in 0..4 {
+        for c in 0..4 {
+            h |= ((qh >> (4 * c + j)) & 1) << (8 * j + c);
+            h |= ((qh >> (16 + 4 * c + j)) & 1) << (8 * j + 4 + c);
+        }
+    }
+    h
+}
+
+/// The inverse of [`high_bits_by_chunk`].
+#[cfg(test)]
+fn high_bits_from_chunk(h: u32) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..4 {
+        for c in 0..4 {
+            qh |= ((h >> (8 * j + c)) & 1) << (4 * c + j);
+            qh |= ((h >> (8 * j + 4 + c)) & 1) << (16 + 4 * c + j);
+        }
+    }
+    qh
 }
 
 /// `t`'s bytes in the rows-by-8 layout (module docs).
 ///
 /// Panics if `t` is not Q4_0/Q4_1 with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
-    let hb = header_bytes(t.dtype).expect("rows_by_8: Q4_0 or Q4_1");
+    let (f16s, qh) = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0 or Q5_1");
     let bb = t.dtype.block_bytes();
+    let hb = 2 * f16s + if qh { 4 } else { 0 };
     let k = t.row_len();
     let nb = k / 32;
     let rb = nb * bb;
@@ -42,9 +80,14 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
             let (head, quants) = o.split_at_mut(GROUP * hb);
             for r in 0..GROUP {
                 let blk = &src[r * rb + b * bb..r * rb + (b + 1) * bb];
-                for f in 0..hb / 2 {
+                for f in 0..f16s {
                     head[16 * f + 2 * r..16 * f + 2 * r + 2]
                         .copy_from_slice(&blk[2 * f..2 * f + 2]);
+                }
+                if qh {
+                    let w = u32::from_le_bytes(blk[2 * f16s..2 * f16s + 4].try_into().unwrap());
+                    let at = 16 * f16s + 4 * r;
+                    head[at..at + 4].copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
                 }
                 for c in 0..4 {
                     quants[32 * c + 4 * r..32 * c + 4 * r + 4]
@@ -63,8 +106,9 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
 /// The inverse of [`rows_by_8`] (tests: the layout loses nothing).
 #[cfg(test)]
 pub(crate) fn unpack_rows_by_8(dtype: DType, packed: &[u8], rows: usize, k: usize) -> Vec<u8> {
-    let hb = header_bytes(dtype).expect("Q4_0 or Q4_1");
+    let (f16s, qh) = header(dtype).expect("a packed format");
     let bb = dtype.block_bytes();
+    let hb = 2 * f16s + if qh { 4 } else { 0 };
     let nb = k / 32;
     let rb = nb * bb;
     let mut out = packed.to_vec();
@@ -75,8 +119,14 @@ pub(crate) fn unpack_rows_by_8(dtype: DType, packed: &[u8], rows: usize, k: usiz
             let o = &src[b * GROUP * bb..(b + 1) * GROUP * bb];
             for r in 0..GROUP {
                 let blk = &mut dst[r * rb + b * bb..r * rb + (b + 1) * bb];
-                for f in 0..hb / 2 {
+                for f in 0..f16s {
                     blk[2 * f..2 * f + 2].copy_from_slice(&o[16 * f + 2 * r..16 * f + 2 * r + 2]);
+                }
+                if qh {
+                    let at = 16 * f16s + 4 * r;
+                    let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
+                    blk[2 * f16s..2 * f16s + 4]
+                        .copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
                 }
                 for c in 0..4 {
                     let q = GROUP * hb + 32 * c + 4 * r;
@@ -96,7 +146,7 @@ mod tests {
     /// a group's first block starts with its 8 rows' scales in row order.
     #[test]
     fn rows_by_8_is_a_lossless_permutation() {
-        for dtype in [DType::Q4_0, DType::Q4_1] {
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
             for rows in [1usize, 8, 13, 24] {
                 let k = 96;
                 let bytes: Vec<u8> = (0..rows * dtype.bytes_for(k).unwrap())
@@ -118,6 +168,21 @@ mod tests {
                     assert_ne!(p, bytes);
                 }
             }
+        }
+    }
+
+    /// The rearranged high bits say, byte by byte, what the module docs say: for every
+    /// element, its fifth bit lands where chunk `c`'s shift and mask pick it up.
+    #[test]
+    fn high_bits_by_chunk_puts_each_bit_where_its_chunk_reads_it() {
+        for e in 0..32u32 {
+            let h = high_bits_by_chunk(1 << e);
+            assert_eq!(h.count_ones(), 1);
+            let (byte_pos, hi) = (e % 16, e >= 16);
+            let (c, j) = (byte_pos / 4, byte_pos % 4);
+            let bits = if hi { h >> c } else { h << (4 - c) } & 0x1010_1010;
+            assert_eq!(bits, 0x10 << (8 * j), "element {e}");
+            assert_eq!(high_bits_from_chunk(h), 1 << e);
         }
     }
 }

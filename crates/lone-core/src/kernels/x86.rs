@@ -1014,9 +1014,9 @@ pub(super) trait IDot {
     unsafe fn dot(a: __m256i, b: __m256i) -> __m256i;
     /// `acc + Σ (a·b pairs) · scale` with `scale` per i16 lane (pairs of bytes).
     unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i;
-    /// One step of a block's running `Σ a·b` (unsigned 4-bit `a`, signed 8-bit `b` in
-    /// [-127, 127]): at most 8 steps per block, then [`IDot::acc_finish`] gives i32 lanes of
-    /// 4 products' sums. AVX2 keeps i16 pairs: 8 steps are at most 8·2·15·127 = 30480 < 2^15.
+    /// One step of a running `Σ a·b` (unsigned 5-bit `a`, signed 8-bit `b` in [-127, 127]):
+    /// at most 4 steps per chain, then [`IDot::acc_finish`] gives i32 lanes of 4 products'
+    /// sums. AVX2 keeps i16 pairs: 4 steps are at most 4·2·31·127 = 31496 < 2^15.
     unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     unsafe fn acc_finish(acc: __m256i) -> __m256i;
 }
@@ -1092,8 +1092,6 @@ unsafe fn high_bits32(p: *const u8) -> __m256i {
 pub(super) trait LegacyW {
     const BB: usize;
     const SIGNED: bool;
-    /// Where the block's f16 min is (bytes from its start; 0: none, the min is `ZERO·d`).
-    const M_AT: usize = 0;
     /// The min as a multiple of d when there is no stored one (the zero point, negated).
     const ZERO: f32 = 0.0;
     unsafe fn decode(p: *const u8) -> (__m256i, f32, f32);
@@ -1113,7 +1111,6 @@ impl LegacyW for WQ4_0 {
     }
 }
 impl LegacyW for WQ4_1 {
-    const M_AT: usize = 2;
     const BB: usize = 20;
     const SIGNED: bool = false;
     #[inline(always)]
@@ -1131,7 +1128,6 @@ impl LegacyW for WQ5_0 {
     }
 }
 impl LegacyW for WQ5_1 {
-    const M_AT: usize = 2;
     const BB: usize = 24;
     const SIGNED: bool = false;
     #[inline(always)]
@@ -1211,81 +1207,6 @@ unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usize>(
     }
 }
 
-/// One activation row against weight rows four at a time: the activation block, its scale
-/// and sum are read once for the four rows, and the rows' scales (and mins) are converted
-/// and multiplied in one vector. Rows past a multiple of four take [`legacy_rows_n`].
-#[inline(always)]
-unsafe fn legacy_rows4<D: IDot, W: LegacyW>(a: &MatArgs) {
-    let nb = a.k / 32;
-    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
-    let x = a.x;
-    let h16 = |p: *const u8| (p as *const i16).read_unaligned();
-    let mut r = 0;
-    while r + 4 <= a.rows {
-        let w: [*const u8; 4] = core::array::from_fn(|i| a.w.add((r + i) * a.w_stride));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut accm = _mm_setzero_ps();
-        for b in 0..nb {
-            if b % 2 == 0 {
-                for wi in w {
-                    _mm_prefetch::<_MM_HINT_T0>(wi.add(b * W::BB + PREFETCH) as *const i8);
-                }
-            }
-            let xb = x.add(b * xbb);
-            let xv = _mm256_loadu_si256(xb.add(xq) as *const __m256i);
-            let p: [*const u8; 4] = core::array::from_fn(|i| w[i].add(b * W::BB));
-            let dh = _mm_setr_epi16(h16(p[0]), h16(p[1]), h16(p[2]), h16(p[3]), 0, 0, 0, 0);
-            let dw = _mm_cvtph_ps(dh);
-            let d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(f16_at(xb))));
-            if !W::SIGNED {
-                let m4 = if W::M_AT != 0 {
-                    let o = W::M_AT;
-                    _mm_cvtph_ps(_mm_setr_epi16(
-                        h16(p[0].add(o)),
-                        h16(p[1].add(o)),
-                        h16(p[2].add(o)),
-                        h16(p[3].add(o)),
-                        0,
-                        0,
-                        0,
-                        0,
-                    ))
-                } else {
-                    _mm_mul_ps(dw, _mm_set1_ps(W::ZERO))
-                };
-                // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
-                let sum = (x.add(nb * 36 + 4 * b) as *const f32).read_unaligned();
-                accm = _mm_fmadd_ps(m4, _mm_set1_ps(sum), accm);
-            }
-            for i in 0..4 {
-                let (q, _, _) = W::decode(p[i]);
-                let s = if W::SIGNED {
-                    D::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
-                } else {
-                    D::dot(q, xv)
-                };
-                let d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(i as i32));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[i]);
-            }
-        }
-        let mut m = [0.0f32; 4];
-        _mm_storeu_ps(m.as_mut_ptr(), accm);
-        for i in 0..4 {
-            *a.out.add(r + i) = hsum256(acc[i]) + m[i];
-        }
-        r += 4;
-    }
-    if r < a.rows {
-        let rest = MatArgs {
-            w: a.w.add(r * a.w_stride),
-            rows: a.rows - r,
-            out: a.out.add(r),
-            ..*a
-        };
-        legacy_rows_n::<D, W, 1>(&rest);
-    }
-}
-
 #[inline(always)]
 unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
@@ -1314,67 +1235,103 @@ unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
-    match a.nx {
-        // Q8_0's four interleaved row streams read DRAM at half the speed of one (measured
-        // on the 65536-row LM head shape); the 4- and 5-bit formats gain from sharing.
-        1 if W::BB <= 24 => legacy_rows4::<D, W>(a),
-        1 => legacy_rows_n::<D, W, 1>(a),
-        2 => legacy_rows_n::<D, W, 2>(a),
-        3 => legacy_rows_n::<D, W, 3>(a),
-        _ => legacy_rows_n::<D, W, 4>(a),
-    }
+    by_nx!(a, legacy_rows_n, D, W)
 }
 
 // ------------------------------------------------------------------ 8-bit, rows packed by 8
 
-/// The 8-bit kernels over Q4_0/Q4_1 rows packed by [`super::packed`]: in groups of 8 rows,
-/// block by block, the 8 rows' f16 scales (then mins), then 4 chunks of 32 bytes, chunk `c`
-/// holding quant bytes `4c..4c+4` of each row (row `r` in i32 lane `r`). One load serves all
-/// 8 rows, their block sums are the 8 lanes of one register (no horizontal sums, no scale
-/// broadcasts) and the weights are one sequential stream. Activations: Q8_1 rows with f32
-/// block sums (as [`legacy_rows`] takes them); rows past the last whole group are stored as
-/// they were and take [`legacy_rows_n`].
+/// A legacy format as [`super::packed`] stores it by 8 rows: its f16 fields per block (d, and
+/// m) and whether the rearranged high-bit word follows them.
+pub(super) trait PackW: LegacyW {
+    const F16S: usize;
+    const QH: bool;
+}
+impl PackW for WQ4_0U {
+    const F16S: usize = 1;
+    const QH: bool = false;
+}
+impl PackW for WQ4_1 {
+    const F16S: usize = 2;
+    const QH: bool = false;
+}
+impl PackW for WQ5_0U {
+    const F16S: usize = 1;
+    const QH: bool = true;
+}
+impl PackW for WQ5_1 {
+    const F16S: usize = 2;
+    const QH: bool = true;
+}
+
+/// The 8-bit kernels over Q4_0/Q4_1/Q5_0/Q5_1 rows packed by [`super::packed`]: in groups of
+/// 8 rows, block by block, the 8 rows' f16 scales (then mins, then high-bit words), then 4
+/// chunks of 32 bytes, chunk `c` holding quant bytes `4c..4c+4` of each row (row `r` in i32
+/// lane `r`). One load serves all 8 rows, their block sums are the 8 lanes of one register
+/// (no horizontal sums, no scale broadcasts) and the weights are one sequential stream.
+/// Activations: Q8_1 rows with f32 block sums (as [`legacy_rows_n`] takes them); rows past the
+/// last whole group are stored as they were and take [`legacy_rows_n`].
 #[inline(always)]
-unsafe fn packed4_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
-    let hb = if W::M_AT != 0 { 4 } else { 2 };
+    let hb = 2 * W::F16S + if W::QH { 4 } else { 0 };
     let gb = 8 * W::BB;
     let groups = a.rows / 8;
     let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
     let m4 = _mm256_set1_epi8(0x0f);
+    let b4 = _mm256_set1_epi8(0x10);
     for g in 0..groups {
         let base = a.w.add(g * 8 * a.w_stride);
         let mut acc = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let p = base.add(b * gb);
-            for l in 0..3 {
+            for l in 0..gb.div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
             }
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-            let mv = if W::M_AT != 0 {
+            let mv = if W::F16S == 2 {
                 _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i))
             } else {
                 _mm256_mul_ps(dv, _mm256_set1_ps(W::ZERO))
             };
+            let h = if W::QH {
+                _mm256_loadu_si256(p.add(16 * W::F16S) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
             let q = p.add(8 * hb);
-            let mut s = [_mm256_setzero_si256(); NX];
-            for c in 0..4 {
-                let raw = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
-                let lo = _mm256_and_si256(raw, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                for t in 0..NX {
-                    let xq = xs[t].add(b * 36 + 4);
-                    let xl = _mm256_set1_epi32((xq.add(4 * c) as *const i32).read_unaligned());
-                    let xh = _mm256_set1_epi32((xq.add(16 + 4 * c) as *const i32).read_unaligned());
-                    s[t] = D::acc_dot(s[t], lo, xl);
-                    s[t] = D::acc_dot(s[t], hi, xh);
-                }
+            // Two chains per row (chunks 0-1, 2-3): at most 4 steps each (IDot::acc_dot).
+            let mut s = [[_mm256_setzero_si256(); 2]; NX];
+            macro_rules! chunk {
+                ($c:literal) => {{
+                    let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
+                    let mut lo = _mm256_and_si256(raw, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    if W::QH {
+                        // Fifth bits (packed::high_bits_by_chunk): shifts stay inside bytes.
+                        lo =
+                            _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(h, 4 - $c), b4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(h, $c), b4));
+                    }
+                    for t in 0..NX {
+                        let xq = xs[t].add(b * 36 + 4);
+                        let xl = _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
+                        let xh =
+                            _mm256_set1_epi32((xq.add(16 + 4 * $c) as *const i32).read_unaligned());
+                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], lo, xl);
+                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], hi, xh);
+                    }
+                }};
             }
+            chunk!(0);
+            chunk!(1);
+            chunk!(2);
+            chunk!(3);
             for t in 0..NX {
                 let d = _mm256_mul_ps(dv, _mm256_set1_ps(f16_at(xs[t].add(b * 36))));
                 // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
                 let sum = (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
-                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::acc_finish(s[t])), d, acc[t]);
+                let si = _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1]));
+                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), d, acc[t]);
                 acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sum), v);
             }
         }
@@ -1395,8 +1352,8 @@ unsafe fn packed4_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
 }
 
 #[inline(always)]
-unsafe fn packed4_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
-    by_nx!(a, packed4_rows_n, D, W)
+unsafe fn packed_rows<D: IDot, W: PackW>(a: &MatArgs) {
+    by_nx!(a, packed_rows_n, D, W)
 }
 
 // ------------------------------------------------------------------ exact, scales factored (AVX2)
@@ -2547,10 +2504,10 @@ macro_rules! level {
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
             entry!(exact_q6_k, $features, $q6k);
-            entry!(q4_0_x8, $features, packed4_rows::<$D, WQ4_0U>);
-            entry!(q4_1_x8, $features, packed4_rows::<$D, WQ4_1>);
-            entry!(q5_0, $features, legacy_rows::<$D, WQ5_0U>);
-            entry!(q5_1, $features, legacy_rows::<$D, WQ5_1>);
+            entry!(q4_0_x8, $features, packed_rows::<$D, WQ4_0U>);
+            entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
+            entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
+            entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
             entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
             entry!(q4_k, $features, q45k_rows::<$D, false>);
             entry!(q5_k, $features, q45k_rows::<$D, true>);
