@@ -12,6 +12,7 @@ pub mod metrics;
 mod ollama;
 pub mod openai;
 pub mod tools;
+mod transport;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -96,6 +97,21 @@ pub struct ServeArgs {
     /// Chat template (Jinja) to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
+    /// Seconds a request body may take to arrive (llama-server's read timeout); then 408.
+    #[arg(
+        long,
+        visible_alias = "to",
+        default_value_t = 60.0,
+        value_name = "SECS"
+    )]
+    pub timeout: f64,
+    /// Seconds a request's headers may take to arrive, and a kept-alive connection may wait
+    /// idle for its next request; then the connection is closed.
+    #[arg(long, default_value_t = 15.0, value_name = "SECS")]
+    pub header_timeout: f64,
+    /// Open connections at most; past it a new connection gets one 503 and is closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
     #[command(flatten)]
     pub spec: crate::cmd::common::SpecArgs,
 }
@@ -223,11 +239,17 @@ async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> 
         }
     });
 
-    let app = router(state.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal(state.clone()))
-        .await
-        .context("server error")?;
+    let limits = transport::Limits {
+        header_timeout: seconds("--header-timeout", a.header_timeout)?,
+        body_timeout: seconds("--timeout", a.timeout)?,
+        body_limit: BODY_LIMIT,
+        max_connections: a.max_connections,
+    };
+    if limits.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    let app = router(state.clone(), limits);
+    transport::serve(listener, app, limits, shutdown_signal(state.clone())).await;
     if let Some(r) = state.ready.get() {
         r.engine.shutdown();
     }
@@ -318,17 +340,26 @@ async fn shutdown_signal(state: Arc<AppState>) {
         _ = term => {},
     }
     eprintln!("lone serve: shutting down");
-    // Running streams end (with an error event) so connections can close; give up after 10 s.
+    // Running streams end (with an error event) so connections can close; the transport
+    // drains for 2 s, and this gives up after 3.
     std::thread::spawn(move || {
         if let Some(r) = state.ready.get() {
             r.engine.shutdown();
         }
-        std::thread::sleep(Duration::from_secs(10));
+        std::thread::sleep(Duration::from_secs(3));
         std::process::exit(0);
     });
 }
 
-fn router(state: Arc<AppState>) -> Router {
+/// A positive, finite number of seconds.
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+        bail!("{flag} must be a number of seconds in (0, 86400], not {v}");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn router(state: Arc<AppState>, limits: transport::Limits) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -352,6 +383,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(limits, transport::read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(
             state.clone(),
