@@ -219,13 +219,22 @@ pub(crate) fn quant_q5_1(x: &[f32; QK], b: &mut [u8; 24]) {
     pack_q5(&q, qh, qs);
 }
 
+/// `v.round() as i32` (C's `roundf`: halfway cases away from zero) for |v| < 2^23 (the 8-bit
+/// quantizers scale into [-127, 127]) and 0 for NaN, in operations the compiler vectorizes
+/// (truncate, then step by the exact remainder) instead of a `roundf` call per element.
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+}
+
 pub(crate) fn quant_q8_0(x: &[f32; QK], b: &mut [u8; 34]) {
     let d = absmax(x) / 127.0;
     let id = inv(d);
     b[0..2].copy_from_slice(&f32_to_f16(d));
     for (out, &v) in b[2..].iter_mut().zip(x) {
-        // roundf: halfway cases away from zero, as f32::round.
-        *out = (v * id).round() as i8 as u8;
+        *out = round_away(v * id) as i8 as u8;
     }
 }
 
@@ -234,7 +243,7 @@ pub(crate) fn quant_q8_1(x: &[f32; QK], b: &mut [u8; 36]) {
     let id = inv(d);
     let mut sum = 0i32;
     for (out, &v) in b[4..].iter_mut().zip(x) {
-        let q = (v * id).round() as i8;
+        let q = round_away(v * id) as i8;
         sum += i32::from(q);
         *out = q as u8;
     }
@@ -245,6 +254,28 @@ pub(crate) fn quant_q8_1(x: &[f32; QK], b: &mut [u8; 36]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `round_away` is `f32::round` (C's roundf) on the quantizers' range: every halfway
+    /// case, its float neighbours, and a dense sweep.
+    #[test]
+    fn round_away_is_roundf() {
+        let mut vals = vec![0.0f32, -0.0, f32::NAN, 127.0, -127.0, 127.49, -127.49];
+        for n in -128..128 {
+            let h = n as f32 + 0.5;
+            vals.extend([
+                h,
+                h.next_up(),
+                h.next_down(),
+                n as f32,
+                (n as f32).next_up(),
+            ]);
+        }
+        vals.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 0.00127));
+        for v in vals {
+            let want = if v.is_nan() { 0 } else { v.round() as i32 };
+            assert_eq!(round_away(v), want, "{v:e}");
+        }
+    }
 
     #[test]
     fn q4_0_nibble_order() {
