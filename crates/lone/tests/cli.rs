@@ -247,7 +247,7 @@ fn write_gguf_at(
     s(&mut b, "general.architecture");
     b.extend_from_slice(&8u32.to_le_bytes());
     s(&mut b, arch);
-    let mut off = 0u64;
+    let (mut off, mut end) = (0u64, 0u64);
     for (i, (name, dims, ty, nbytes)) in tensors.iter().enumerate() {
         s(&mut b, name);
         b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
@@ -258,11 +258,12 @@ fn write_gguf_at(
         let at = offsets.map_or(off, |o| o[i]);
         b.extend_from_slice(&at.to_le_bytes());
         off += (*nbytes as u64).div_ceil(32) * 32;
+        end = end.max(at + *nbytes as u64);
     }
     while !b.len().is_multiple_of(32) {
         b.push(0);
     }
-    b.extend(std::iter::repeat_n(0u8, off as usize));
+    b.extend(std::iter::repeat_n(0u8, off.max(end) as usize));
     std::fs::write(path, b).unwrap();
 }
 
@@ -293,6 +294,9 @@ fn gguf_layout_is_checked() {
         ([0u64, 0], "overlap"),
         ([0, 1024], "overlap"),
         ([0, 2056], "not aligned"),
+        // A gap, and the header's order not the file's: llama.cpp refuses both.
+        ([0, 4096], "expected 2048"),
+        ([2048, 0], "starts at data offset 2048, expected 0"),
     ] {
         write_gguf_at(&p, "llama", &two, Some(&offsets));
         expect_error(run_one_token(p.to_str().unwrap()), needle);

@@ -306,6 +306,21 @@ impl GgufFile {
                 )));
             }
         }
+        // As llama.cpp's reader: each tensor starts where the one before it ends, padded to
+        // the alignment, in the order the header lists them (no gaps, no reordering).
+        let mut expected = data_start;
+        for t in &tensors {
+            if t.offset != expected {
+                return Err(r.err(&format!(
+                    "tensor '{}' starts at data offset {}, expected {} (the end of the tensor \
+                     before it, padded to {alignment} bytes, as llama.cpp requires)",
+                    t.name,
+                    t.offset - data_start,
+                    expected - data_start
+                )));
+            }
+            expected += t.len.div_ceil(alignment) * alignment;
+        }
         let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
