@@ -90,3 +90,24 @@ def test_text_log_lines_and_llama_cpp_flags():
         assert s.get("/props").json()["default_generation_settings"]["n_ctx"] == 512
     finally:
         s.stop()
+
+
+def test_verbose_logs_each_scheduler_step():
+    s = Server(TINY, "-np", "2", "--verbose", "--log-format", "json")
+    try:
+        s.client().chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        steps = [json.loads(l) for l in s.logs().splitlines() if l.startswith("{") and '"event":"step"' in l]
+        # One prompt step (its rows exact), then a decode row per further token.
+        assert len(steps) >= 3, s.logs()
+        assert steps[0]["prefill_rows"] > 0 and steps[0]["generated"] == 1
+        assert all(st["decode_rows"] == 1 and st["prefill_rows"] == 0 for st in steps[1:3])
+        assert all(st["forward_ms"] > 0 and st["active"] >= 0 for st in steps)
+        assert [st["step"] for st in steps] == list(range(1, len(steps) + 1))
+    finally:
+        s.stop()
+    quiet = Server(TINY, "-np", "1")
+    try:
+        quiet.client().chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+        assert "lone serve: step" not in quiet.logs()
+    finally:
+        quiet.stop()

@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub ctx: usize,
     /// Bytes of host memory for prompt-cache snapshots (0: off).
     pub cache_ram: usize,
+    /// `--verbose`: one log line per scheduler step.
+    pub step_log: Option<super::log::LogConfig>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +90,7 @@ impl Engine {
             metrics,
         });
         let sh = shared.clone();
-        let (ctx, cache_ram) = (cfg.ctx, cfg.cache_ram);
+        let (ctx, cache_ram, step_log) = (cfg.ctx, cfg.cache_ram, cfg.step_log.clone());
         let thread = std::thread::Builder::new()
             .name("lone-engine".into())
             .spawn(move || {
@@ -101,6 +103,8 @@ impl Engine {
                     model: &model,
                     text: &text,
                     metrics: sh.metrics.clone(),
+                    step_log,
+                    steps: 0,
                 };
                 w.run(&sh);
             })?;
@@ -184,6 +188,8 @@ struct Worker<'t> {
     /// The event channel of each slot's sequence.
     txs: Vec<Option<UnboundedSender<Event>>>,
     metrics: Arc<Metrics>,
+    step_log: Option<super::log::LogConfig>,
+    steps: u64,
 }
 
 impl<'t> Worker<'t> {
@@ -344,6 +350,23 @@ impl<'t> Worker<'t> {
         m.drafted_tokens.fetch_add(st.drafted as u64, Relaxed);
         m.accepted_tokens.fetch_add(st.accepted as u64, Relaxed);
         m.cancelled.fetch_add(st.cancelled as u64, Relaxed);
+        self.steps += 1;
+        if let Some(log) = &self.step_log {
+            log.line(
+                "step",
+                serde_json::json!({
+                    "step": self.steps,
+                    "decode_rows": st.decode_rows,
+                    "prefill_rows": st.prefill_rows,
+                    "drafted": st.drafted,
+                    "accepted": st.accepted,
+                    "generated": st.generated,
+                    "forward_ms": (st.forward_ns as f64 / 1e4).round() / 100.0,
+                    "active": self.sched.active(),
+                    "queued": m.queue_depth.load(Relaxed),
+                }),
+            );
+        }
         Ok(())
     }
 }
@@ -411,6 +434,7 @@ mod tests {
             queue,
             ctx: 2048,
             cache_ram,
+            step_log: None,
         };
         (
             Engine::start(model, text, cfg, metrics.clone(), spec).unwrap(),

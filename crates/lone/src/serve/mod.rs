@@ -90,6 +90,10 @@ pub struct ServeArgs {
     /// Put the prompt text in the request log lines (off by default: prompts can be private).
     #[arg(long)]
     pub log_prompts: bool,
+    /// Also log one line per scheduler step: decode and prompt rows, drafts accepted, tokens
+    /// generated, forward-pass time, active slots and queue depth.
+    #[arg(long, short)]
+    pub verbose: bool,
     /// Answer 404 for a `model` that is not this server's (default: any name is answered by
     /// the one model served, as llama-server does).
     #[arg(long)]
@@ -291,6 +295,10 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
             n if n < 0 => usize::MAX,
             n => (n as usize).saturating_mul(1 << 20),
         },
+        step_log: a.verbose.then(|| log::LogConfig {
+            format: a.log_format,
+            prompts: false,
+        }),
     };
     let spec = a.spec.build(&model, &text)?;
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
