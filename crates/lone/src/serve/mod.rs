@@ -295,7 +295,7 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
             n if n < 0 => usize::MAX,
             n => (n as usize).saturating_mul(1 << 20),
         },
-        step_log: a.verbose.then(|| log::LogConfig {
+        step_log: a.verbose.then_some(log::LogConfig {
             format: a.log_format,
             prompts: false,
         }),
