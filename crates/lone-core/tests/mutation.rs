@@ -141,3 +141,107 @@ fn damaged_model_files_load_and_run_or_fail_cleanly() {
     // Both outcomes occur: the damage reaches the checks and also leaves runnable files.
     assert!(ok > 0 && refused > 0, "ok {ok}, refused {refused}");
 }
+
+/// A checkpoint directory (config.json + model.safetensors) of a fixture copied to `dst`,
+/// with `st` as its safetensors bytes and `cfg` as its config.
+fn write_checkpoint(src: &Path, dst: &Path, st: &[u8], cfg: &str) {
+    std::fs::create_dir_all(dst).unwrap();
+    std::fs::write(dst.join("model.safetensors"), st).unwrap();
+    std::fs::write(dst.join("config.json"), cfg).unwrap();
+    for f in ["generation_config.json"] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), dst.join(f)).unwrap();
+        }
+    }
+}
+
+/// The same for HF checkpoints: safetensors headers (length prefix and JSON) with bit flips
+/// and truncations, and config.json with each numeric value replaced by an extreme one.
+#[test]
+fn damaged_checkpoints_load_and_run_or_fail_cleanly() {
+    let per_dir: usize = std::env::var("LONE_MUTATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures");
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut ok, mut refused) = (0, 0);
+    let extremes = [
+        "0",
+        "-1",
+        "1e308",
+        "-1e308",
+        "1152921504606846976",
+        "4294967295",
+        "0.5",
+        "2.0",
+        "null",
+        "\"x\"",
+        "[]",
+    ];
+    for (di, name) in ["lfm2_a", "lfm3", "qwen2", "llama"].iter().enumerate() {
+        let src = root.join(name);
+        let st = std::fs::read(src.join("model.safetensors")).unwrap();
+        let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+        let head = 8 + u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+        // Byte ranges of the config's numbers (after a ':' or '[' or ',').
+        let nums: Vec<(usize, usize)> = {
+            let b = cfg.as_bytes();
+            let mut v = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                if (b[i] == b'-' || b[i].is_ascii_digit())
+                    && i > 0
+                    && matches!(b[i - 1], b':' | b' ' | b'[' | b',')
+                {
+                    let s = i;
+                    while i < b.len()
+                        && matches!(b[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                    {
+                        i += 1;
+                    }
+                    v.push((s, i));
+                } else {
+                    i += 1;
+                }
+            }
+            v
+        };
+        assert!(nums.len() > 5, "{name}: numbers found in config.json");
+        let mut rng = Rng(0x51f1_5eed ^ (di as u64 + 1));
+        for i in 0..per_dir {
+            let (mut s, mut c) = (st.clone(), cfg.clone());
+            let what = match rng.below(3) {
+                0 => {
+                    let at = rng.below(head.min(s.len()));
+                    s[at] ^= 1 << rng.below(8);
+                    format!("safetensors header bit flip at {at}")
+                }
+                1 => {
+                    let n = rng.below(s.len());
+                    s.truncate(n);
+                    format!("safetensors truncated to {n}")
+                }
+                _ => {
+                    let (a, b) = nums[rng.below(nums.len())];
+                    let v = extremes[rng.below(extremes.len())];
+                    c.replace_range(a..b, v);
+                    format!("config.json {:?} -> {v}", &cfg[a.saturating_sub(30)..b])
+                }
+            };
+            let d = tmp.path().join(format!("c{di}-{i}"));
+            write_checkpoint(&src, &d, &s, &c);
+            match catch_unwind(AssertUnwindSafe(|| run(&d))) {
+                Ok(Ok(())) => ok += 1,
+                Ok(Err(msg)) => {
+                    assert!(!msg.trim().is_empty(), "{name}: {what}: empty error");
+                    refused += 1;
+                }
+                Err(_) => panic!("{name}: {what}: panicked"),
+            }
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+    eprintln!("checkpoint mutations: {ok} ran, {refused} refused with an error");
+    assert!(ok > 0 && refused > 0, "ok {ok}, refused {refused}");
+}
