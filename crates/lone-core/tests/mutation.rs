@@ -90,6 +90,14 @@ fn mutate(rng: &mut Rng, orig: &[u8]) -> (Vec<u8>, String) {
     }
 }
 
+/// Mutations per fixture: `LONE_MUTATIONS`, else 60.
+fn mutations() -> usize {
+    std::env::var("LONE_MUTATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
+
 /// Load and generate a few greedy tokens: Ok(()) or an error, panics caught as failures.
 fn run(path: &Path) -> Result<(), String> {
     let model = Model::load(path).map_err(|e| e.to_string())?;
@@ -108,10 +116,7 @@ fn run(path: &Path) -> Result<(), String> {
 
 #[test]
 fn damaged_model_files_load_and_run_or_fail_cleanly() {
-    let per_file: usize = std::env::var("LONE_MUTATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+    let per_file = mutations();
     let dir = tempfile::tempdir().unwrap();
     let (mut ok, mut refused) = (0, 0);
     for (fi, f) in fixtures().iter().enumerate() {
@@ -159,10 +164,7 @@ fn write_checkpoint(src: &Path, dst: &Path, st: &[u8], cfg: &str) {
 /// and truncations, and config.json with each numeric value replaced by an extreme one.
 #[test]
 fn damaged_checkpoints_load_and_run_or_fail_cleanly() {
-    let per_dir: usize = std::env::var("LONE_MUTATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+    let per_dir = mutations();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures");
     let tmp = tempfile::tempdir().unwrap();
     let (mut ok, mut refused) = (0, 0);
