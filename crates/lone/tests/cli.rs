@@ -64,6 +64,12 @@ fn lone_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// [`lone_json`] in exact mode with an f32 KV cache: what comparisons against transformers'
+/// recorded values need.
+fn lone_exact_json(args: &[&str]) -> serde_json::Value {
+    lone_json(&[&["--exact", "--cache-type", "f32"], args].concat())
+}
+
 #[test]
 fn greedy_json_matches_transformers() {
     // The fixture's greedy tokens come from transformers (tests/reference/generate.py).
@@ -611,10 +617,7 @@ fn perplexity_matches_transformers() {
     let ctx = want["ctx"].to_string();
     for (name, w) in want["models"].as_object().unwrap() {
         let dir = fixture(name);
-        let g = lone_json(&[
-            "--exact",
-            "--cache-type",
-            "f32",
+        let g = lone_exact_json(&[
             "perplexity",
             "--json",
             "-c",
@@ -652,10 +655,7 @@ fn perplexity_matches_transformers() {
     let d = fixture("qwen2");
     let q8 = d.join("model-q8_0.gguf");
     let kl = |m: &Path| {
-        lone_json(&[
-            "--exact",
-            "--cache-type",
-            "f32",
+        lone_exact_json(&[
             "perplexity",
             "--kl-divergence",
             "--json",
@@ -862,10 +862,7 @@ fn llama_cpp_habits() {
 fn verify_passes_good_files_and_names_the_broken_layer() {
     for name in ["lfm2_a", "qwen3", "lfm3"] {
         let d = fixture(name);
-        let g = lone_json(&[
-            "--exact",
-            "--cache-type",
-            "f32",
+        let g = lone_exact_json(&[
             "verify",
             "--json",
             "-m",
