@@ -41,10 +41,10 @@ impl Rng {
     }
 }
 
-/// Where the tensor data starts, roughly: past the header's last tensor name. The mutations
-/// aim most of their damage before it.
+/// The part of the file the "header" mutations hit: its first third, which holds the whole
+/// header (metadata, tokenizer, tensor table) and some tensor data in these fixtures; the
+/// "data" mutations hit the rest.
 fn header_len(bytes: &[u8]) -> usize {
-    // The data section is at least the last third of these files; the header is the rest.
     (bytes.len() / 3).max(64).min(bytes.len())
 }
 
