@@ -9,6 +9,7 @@
 //! - `engine` the generation core (sequences, scheduler, speculation) every front end drives.
 pub mod cache;
 pub mod config;
+pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod generate;

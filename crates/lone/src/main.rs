@@ -58,6 +58,9 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Perplexity of a text file, with llama-perplexity's method (comparable numbers).
     Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Write a GGUF file from a HF checkpoint or another GGUF, at a chosen type (as
+    /// convert_hf_to_gguf.py and llama-quantize do).
+    Convert(cmd::convert::ConvertArgs),
 }
 
 /// llama.cpp's multi-letter short flags, spelled as their long forms (clap's short flags are
@@ -135,6 +138,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", report(&e));

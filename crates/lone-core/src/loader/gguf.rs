@@ -98,6 +98,8 @@ pub struct GgufFile {
     pub path: PathBuf,
     pub version: u32,
     pub metadata: BTreeMap<String, MetaValue>,
+    /// The metadata keys in the order the file lists them (what a rewriter keeps).
+    pub kv_order: Vec<String>,
     pub tensors: Vec<GgufTensorInfo>,
     map: Arc<Mmap>,
 }
@@ -214,11 +216,14 @@ impl GgufFile {
         let n_tensors = r.len()?;
         let n_kv = r.len()?;
         let mut metadata = BTreeMap::new();
+        let mut kv_order = Vec::with_capacity(n_kv.min(1 << 12));
         for _ in 0..n_kv {
             let key = r.string()?;
             let ty = r.u32()?;
             let v = r.value(ty, 0)?;
-            metadata.insert(key, v);
+            if metadata.insert(key.clone(), v).is_none() {
+                kv_order.push(key);
+            }
         }
         let alignment = metadata
             .get("general.alignment")
@@ -330,6 +335,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             version,
             metadata,
+            kv_order,
             tensors,
             map,
         })

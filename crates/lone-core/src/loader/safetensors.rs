@@ -14,9 +14,12 @@ use crate::tensor::{DType, Tensor};
 pub struct SafetensorsFiles {
     pub dir: PathBuf,
     tensors: HashMap<String, Tensor>,
+    /// Names file by file (files in name order), each file's names sorted: the order
+    /// llama.cpp's converter writes them in.
+    order: Vec<String>,
 }
 
-fn open_one(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<()> {
+fn open_one(path: &Path, out: &mut HashMap<String, Tensor>, order: &mut Vec<String>) -> Result<()> {
     let file = crate::error::open_regular(path)?;
     // SAFETY: read-only map of a model file that lone never writes while it is loaded.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
@@ -25,6 +28,9 @@ fn open_one(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<()> {
         msg: format!("not a valid safetensors file ({e}); is it truncated or corrupt?"),
     })?;
     let base = map.as_ptr() as usize;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    order.extend(names);
     for (name, view) in st.tensors() {
         let dtype = match view.dtype() {
             StDtype::F32 => DType::F32,
@@ -54,10 +60,11 @@ impl SafetensorsFiles {
     /// Open `model.safetensors` or the shards listed in `model.safetensors.index.json` in `dir`.
     pub fn open_dir(dir: &Path) -> Result<SafetensorsFiles> {
         let mut tensors = HashMap::new();
+        let mut order = Vec::new();
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         if single.exists() {
-            open_one(&single, &mut tensors)?;
+            open_one(&single, &mut tensors, &mut order)?;
         } else if index.exists() {
             let text = crate::error::read_text(&index)?;
             let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
@@ -81,7 +88,7 @@ impl SafetensorsFiles {
                         msg: format!("bad shard name {f:?}"),
                     });
                 }
-                open_one(&dir.join(f), &mut tensors)?;
+                open_one(&dir.join(f), &mut tensors, &mut order)?;
             }
         } else {
             // Any *.safetensors files at all?
@@ -93,7 +100,7 @@ impl SafetensorsFiles {
                     .collect();
                 paths.sort();
                 for p in paths {
-                    open_one(&p, &mut tensors)?;
+                    open_one(&p, &mut tensors, &mut order)?;
                     found = true;
                 }
             }
@@ -109,11 +116,17 @@ impl SafetensorsFiles {
         Ok(SafetensorsFiles {
             dir: dir.to_path_buf(),
             tensors,
+            order,
         })
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.get(name)
+    }
+
+    /// Tensor names in llama.cpp's converter order (see the `order` field).
+    pub fn ordered_names(&self) -> &[String] {
+        &self.order
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

@@ -2,6 +2,7 @@ pub mod bench;
 mod bench_suite;
 pub mod chat;
 pub mod common;
+pub mod convert;
 pub mod inspect;
 pub mod model_info;
 pub mod perplexity;

@@ -1,0 +1,349 @@
+//! A Hugging Face checkpoint as llama.cpp's `convert_hf_to_gguf.py` writes it (`--outtype
+//! f32|f16|bf16|q8_0`), for lfm2, qwen2, qwen3 and llama; lfm3 in lone's layout (DEVELOPERS.md
+//! "LFM3 in GGUF", the layout `tests/reference/generate.py` writes).
+//!
+//! The converter's rules, followed here:
+//! - tensors file by file in file-name order, each file's tensors in name order;
+//! - 1-D tensors, `*_norm.weight`, the short-conv kernel and every non-`.weight` tensor (biases)
+//!   stay F32; rows that are not whole blocks of the type fall back to F16;
+//! - llama's Q/K rows are permuted for GGUF's interleaved RoPE; LFM2's conv kernel
+//!   `[H, 1, K]` is stored as `[H, K]`;
+//! - metadata keys in the converter's order (a key set twice keeps its first place).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{naming, vocab, FileType, Plan, PlanTensor, RowOrder};
+use crate::config::{Arch, LayerKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::loader::gguf::MetaValue;
+use crate::loader::hf_to_gguf_name;
+use crate::loader::safetensors::SafetensorsFiles;
+use crate::tensor::{DType, Tensor};
+
+/// Choices the checkpoint does not make.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `tokenizer.ggml.pre`, when llama.cpp's table does not know the tokenizer.
+    pub tokenizer_pre: Option<String>,
+}
+
+fn u32v(x: usize) -> MetaValue {
+    MetaValue::U32(x as u32)
+}
+
+/// The converter's type for one tensor.
+fn tensor_type(gname: &str, n_dims: usize, row_len: usize, ftype: FileType) -> DType {
+    if n_dims <= 1
+        || gname.ends_with("_norm.weight")
+        || gname.contains(".shortconv.conv.")
+        || !gname.ends_with(".weight")
+    {
+        return DType::F32;
+    }
+    let t = ftype.default_dtype();
+    if row_len % t.block_size() != 0 {
+        DType::F16
+    } else {
+        t
+    }
+}
+
+/// Undo nothing, permute a 1-D bias of `heads` heads as the converter does.
+fn permuted_vector(t: &Tensor, heads: usize) -> Result<Tensor> {
+    let v = t.to_f32_vec();
+    let n = v.len();
+    if heads == 0 || n % heads != 0 || (n / heads) % 2 != 0 {
+        return Err(Error::Config(format!(
+            "cannot permute a bias of {n} values into {heads} heads"
+        )));
+    }
+    let hd = n / heads;
+    let half = hd / 2;
+    let mut out = vec![0f32; n];
+    for (r, o) in out.iter_mut().enumerate() {
+        let (h, w) = (r / hd, r % hd);
+        *o = v[h * hd + (w % 2) * half + w / 2];
+    }
+    Ok(Tensor::from_f32(vec![n], &out))
+}
+
+/// The plan for checkpoint `dir` at `ftype` (one of the converter's own types).
+pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
+    if !ftype.is_converter_type() {
+        return Err(Error::Config(format!(
+            "{} is not a converter output type (F32, F16, BF16, Q8_0)",
+            ftype.name()
+        )));
+    }
+    let cfg = ModelConfig::from_hf_dir(dir)?;
+    cfg.validate()?;
+    let st = SafetensorsFiles::open_dir(dir)?;
+    let arch = cfg.arch;
+
+    // Tensors.
+    let mut tensors = Vec::new();
+    if arch == Arch::Lfm3 {
+        tensors.push(lfm3_rope_freqs(&cfg));
+    }
+    for name in st.ordered_names() {
+        if name.ends_with(".attention.masked_bias")
+            || name.ends_with(".attention.bias")
+            || name.ends_with(".rotary_emb.inv_freq")
+        {
+            continue;
+        }
+        let mut source = st
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Config(format!("tensor '{name}' vanished")))?;
+        let gname = hf_to_gguf_name(name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "cannot map tensor '{name}' of this {} checkpoint to a GGUF name",
+                arch.name()
+            ))
+        })?;
+        let mut shape = source.shape.clone();
+        if gname.contains(".shortconv.conv.") && shape.len() == 3 && shape[1] == 1 {
+            shape = vec![shape[0], shape[2]];
+        }
+        let mut rows = RowOrder::Same;
+        if arch == Arch::Llama {
+            let heads = if name.contains("self_attn.q_proj.") {
+                Some(cfg.n_heads)
+            } else if name.contains("self_attn.k_proj.") {
+                Some(cfg.n_kv_heads)
+            } else {
+                None
+            };
+            if let Some(h) = heads {
+                if shape.len() == 1 {
+                    source = permuted_vector(&source, h)?;
+                } else {
+                    rows = RowOrder::InterleaveHeads(h);
+                }
+            }
+        }
+        let row_len = shape.last().copied().unwrap_or(1);
+        tensors.push(PlanTensor {
+            dtype: tensor_type(&gname, shape.len(), row_len, ftype),
+            name: gname,
+            shape,
+            source,
+            rows,
+        });
+    }
+    let total_params: u64 = tensors
+        .iter()
+        .filter(|t| t.name != "rope_freqs.weight")
+        .map(|t| t.numel() as u64)
+        .sum();
+
+    let mut plan = Plan {
+        kv: Vec::new(),
+        tensors,
+    };
+    let a = arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    plan.set("general.architecture", MetaValue::String(a.into()));
+    plan.set("general.type", MetaValue::String("model".into()));
+    general_names(&mut plan, dir, total_params, arch != Arch::Lfm3)?;
+    if arch == Arch::Lfm3 {
+        lfm3_params(&mut plan, &cfg, ftype);
+    } else {
+        plan.set(&key("block_count"), u32v(cfg.n_layers));
+        plan.set(&key("context_length"), u32v(cfg.max_position_embeddings));
+        plan.set(&key("embedding_length"), u32v(cfg.hidden_size));
+        plan.set(&key("feed_forward_length"), u32v(cfg.ffn_dim));
+        plan.set(&key("attention.head_count"), u32v(cfg.n_heads));
+        if arch == Arch::Lfm2 {
+            plan.set(&key("attention.head_count_kv"), kv_heads_per_layer(&cfg));
+        } else {
+            plan.set(&key("attention.head_count_kv"), u32v(cfg.n_kv_heads));
+        }
+        plan.set(&key("rope.freq_base"), MetaValue::F32(cfg.rope.theta as f32));
+        plan.set(
+            &key("attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(cfg.norm_eps),
+        );
+        if matches!(arch, Arch::Llama | Arch::Qwen3) || cfg.raw.get("head_dim").is_some() {
+            plan.set(&key("attention.key_length"), u32v(cfg.head_dim));
+            plan.set(&key("attention.value_length"), u32v(cfg.head_dim));
+        }
+        plan.set("general.file_type", MetaValue::U32(ftype.id()));
+        match arch {
+            Arch::Llama => {
+                plan.set(&key("vocab_size"), u32v(cfg.vocab_size));
+                plan.set(&key("rope.dimension_count"), u32v(cfg.head_dim));
+            }
+            Arch::Lfm2 => {
+                plan.set(&key("vocab_size"), u32v(cfg.vocab_size));
+                plan.set(&key("shortconv.l_cache"), u32v(cfg.conv_kernel));
+            }
+            _ => {}
+        }
+        plan.set("general.quantization_version", MetaValue::U32(2));
+    }
+    if arch == Arch::Llama {
+        if let Some(b) = read_json(&dir.join("tokenizer_config.json"))
+            .and_then(|tc| tc.get("add_prefix_space").and_then(|b| b.as_bool()))
+        {
+            plan.set("tokenizer.ggml.add_space_prefix", MetaValue::Bool(b));
+        }
+    }
+    vocab::add_gpt2_vocab(dir, cfg.vocab_size, opts.tokenizer_pre.as_deref(), &mut plan)?;
+    if arch == Arch::Llama && cfg.vocab_size == 49152 {
+        // The converter's rule for granite-sized (and SmolLM's) vocabularies.
+        plan.set("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+    }
+    Ok(plan)
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+fn kv_heads_per_layer(cfg: &ModelConfig) -> MetaValue {
+    MetaValue::Array(
+        cfg.layer_kinds
+            .iter()
+            .map(|k| {
+                MetaValue::I32(if *k == LayerKind::Conv {
+                    0
+                } else {
+                    cfg.n_kv_heads as i32
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `general.*`: sampling defaults from generation_config.json, then the names the directory
+/// name gives (gguf-py's heuristics) and the size label.
+fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool) -> Result<()> {
+    if let Some(g) = read_json(&dir.join("generation_config.json")) {
+        let f = |k: &str| g.get(k).and_then(|v| v.as_f64());
+        let i = |k: &str| g.get(k).and_then(|v| v.as_i64());
+        if let Some(s) = g.get("sequence").and_then(|v| v.as_str()) {
+            plan.set("general.sampling.sequence", MetaValue::String(s.into()));
+        }
+        let ints = [("top_k", "top_k"), ("penalty_last_n", "penalty_last_n")];
+        let floats = [
+            ("top_p", "top_p"),
+            ("min_p", "min_p"),
+            ("xtc_probability", "xtc_probability"),
+            ("xtc_threshold", "xtc_threshold"),
+            ("temp", "temperature"),
+        ];
+        // gguf-py's order: sequence, top_k, top_p, min_p, xtc_probability, xtc_threshold,
+        // temp, penalty_last_n, penalty_repeat, mirostat, mirostat_tau, mirostat_eta.
+        if let Some(v) = i(ints[0].1) {
+            plan.set("general.sampling.top_k", MetaValue::I32(v as i32));
+        }
+        for (k, src) in floats {
+            if let Some(v) = f(src) {
+                plan.set(&format!("general.sampling.{k}"), MetaValue::F32(v as f32));
+            }
+        }
+        if let Some(v) = i(ints[1].1) {
+            plan.set("general.sampling.penalty_last_n", MetaValue::I32(v as i32));
+        }
+        if let Some(v) = f("penalty_repeat").or_else(|| f("repetition_penalty")) {
+            plan.set("general.sampling.penalty_repeat", MetaValue::F32(v as f32));
+        }
+        if let Some(v) = i("mirostat") {
+            plan.set("general.sampling.mirostat", MetaValue::I32(v as i32));
+        }
+        for k in ["mirostat_tau", "mirostat_eta"] {
+            if let Some(v) = f(k) {
+                plan.set(&format!("general.sampling.{k}"), MetaValue::F32(v as f32));
+            }
+        }
+    }
+    let dir_name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    let parts = naming::id_components(&dir_name, total_params);
+    let s = |v: String| MetaValue::String(v);
+    plan.set(
+        "general.name",
+        s(naming::id_to_title(parts.name.as_deref().unwrap_or(&dir_name))),
+    );
+    if let Some(v) = &parts.version {
+        plan.set("general.version", s(v.clone()));
+    }
+    if let Some(v) = &parts.organization {
+        plan.set("general.organization", s(naming::id_to_title(v)));
+    }
+    if let Some(v) = &parts.finetune {
+        plan.set("general.finetune", s(v.clone()));
+    }
+    if let Some(v) = &parts.basename {
+        plan.set("general.basename", s(v.clone()));
+    }
+    if with_size {
+        let label = parts
+            .size_label
+            .clone()
+            .unwrap_or_else(|| naming::size_label(total_params));
+        plan.set("general.size_label", s(label));
+    }
+    Ok(())
+}
+
+/// LFM3's proportional RoPE as per-pair frequency divisors: 1 for the rotated pairs, 1e30
+/// (angle 0) for the rest.
+fn lfm3_rope_freqs(cfg: &ModelConfig) -> PlanTensor {
+    let hd = cfg.head_dim;
+    let angles = ((cfg.rope.partial_rotary_factor * hd as f64) / 2.0).floor() as usize;
+    let f: Vec<f32> = (0..hd / 2)
+        .map(|i| if i < angles { 1.0 } else { 1e30 })
+        .collect();
+    PlanTensor {
+        name: "rope_freqs.weight".into(),
+        shape: vec![hd / 2],
+        dtype: DType::F32,
+        source: Tensor::from_f32(vec![hd / 2], &f),
+        rows: RowOrder::Same,
+    }
+}
+
+fn lfm3_params(plan: &mut Plan, cfg: &ModelConfig, ftype: FileType) {
+    let key = |k: &str| format!("lfm3.{k}");
+    plan.set(&key("block_count"), u32v(cfg.n_layers));
+    plan.set(&key("context_length"), u32v(cfg.max_position_embeddings));
+    plan.set(&key("embedding_length"), u32v(cfg.hidden_size));
+    plan.set(&key("feed_forward_length"), u32v(cfg.ffn_dim));
+    plan.set(&key("attention.head_count"), u32v(cfg.n_heads));
+    plan.set(&key("attention.head_count_kv"), kv_heads_per_layer(cfg));
+    plan.set(&key("attention.key_length"), u32v(cfg.head_dim));
+    plan.set(&key("attention.value_length"), u32v(cfg.head_dim));
+    plan.set(
+        &key("attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(cfg.norm_eps),
+    );
+    plan.set(&key("attention.sliding_window"), u32v(cfg.sliding_window));
+    plan.set(
+        &key("attention.sliding_window_pattern"),
+        MetaValue::Array(
+            cfg.layer_kinds
+                .iter()
+                .map(|k| MetaValue::Bool(*k == LayerKind::SlidingAttention))
+                .collect(),
+        ),
+    );
+    plan.set(&key("rope.freq_base"), MetaValue::F32(cfg.rope.theta as f32));
+    plan.set(
+        &key("rope.freq_base_swa"),
+        MetaValue::F32(cfg.rope_sliding.theta as f32),
+    );
+    plan.set(&key("rope.dimension_count"), u32v(cfg.head_dim));
+    plan.set(&key("rope.dimension_count_swa"), u32v(cfg.head_dim));
+    plan.set(&key("vocab_size"), u32v(cfg.vocab_size));
+    plan.set(&key("shortconv.l_cache"), u32v(cfg.conv_kernel));
+    plan.set("general.file_type", MetaValue::U32(ftype.id()));
+    plan.set("general.quantization_version", MetaValue::U32(2));
+}

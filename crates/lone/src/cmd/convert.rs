@@ -1,0 +1,118 @@
+//! `lone convert`: a HF checkpoint or a GGUF file → a GGUF file of a chosen type, as
+//! llama.cpp's converter and llama-quantize write it.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use lone_core::convert::{self, hf, FileType};
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// HF checkpoint directory (safetensors F32/F16/BF16, sharded too) or GGUF file to
+    /// requantize.
+    pub input: PathBuf,
+    /// Where to write the GGUF file.
+    #[arg(long, short = 'o')]
+    pub out: PathBuf,
+    /// Output type: F32, F16, BF16, Q8_0 (what convert_hf_to_gguf.py writes), or Q6_K,
+    /// Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K,
+    /// Q2_K_S (llama-quantize's mixes, from the F32 conversion).
+    #[arg(long = "type", short = 't', default_value = "F16", value_parser = parse_type)]
+    pub out_type: FileType,
+    /// `tokenizer.ggml.pre` for a tokenizer llama.cpp's table does not know (llama-bpe,
+    /// qwen2, smollm, lfm2, gpt-2, …).
+    #[arg(long)]
+    pub tokenizer_pre: Option<String>,
+    /// Quantization threads [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Overwrite the output file if it exists.
+    #[arg(long, short = 'f')]
+    pub force: bool,
+}
+
+fn parse_type(s: &str) -> Result<FileType, String> {
+    FileType::parse(s).ok_or_else(|| format!("unknown type {s:?}; use one of {}", FileType::names()))
+}
+
+pub fn run(a: ConvertArgs) -> Result<()> {
+    if !a.input.exists() {
+        bail!(
+            "{}: no such file or directory (give a checkpoint directory or a GGUF file)",
+            a.input.display()
+        );
+    }
+    if a.out.exists() && !a.force {
+        bail!(
+            "{} exists; pass --force to overwrite it",
+            a.out.display()
+        );
+    }
+    if a.out.canonicalize().ok() == a.input.canonicalize().ok() {
+        bail!("the output would overwrite the input");
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = hf::Options {
+        tokenizer_pre: a.tokenizer_pre.clone(),
+    };
+    let plan = convert::plan(&a.input, a.out_type, &opts)
+        .with_context(|| format!("cannot convert {}", a.input.display()))?;
+    let total = plan.tensor_bytes() as u64;
+    let n = plan.tensors.len();
+    let start = Instant::now();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} {msg} (ETA {eta})",
+            )
+            .expect("a valid template"),
+        );
+        b
+    });
+    let mut done = 0u64;
+    // A partial file is removed on failure, so a crash never leaves a truncated model.
+    let tmp = a.out.with_extension("gguf.partial");
+    let result = plan.write(&tmp, threads, &mut |i, t, _| {
+        done += t.n_bytes() as u64;
+        let line = format!("[{}/{n}] {} {:?} {}", i + 1, t.name, t.shape, t.dtype);
+        match &bar {
+            Some(b) => {
+                b.set_position(done);
+                b.set_message(line);
+            }
+            None => eprintln!("{line}"),
+        }
+    });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let written = match result {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("cannot write {}", a.out.display()));
+        }
+    };
+    std::fs::rename(&tmp, &a.out)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), a.out.display()))?;
+    let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
+    eprintln!(
+        "wrote {}: {} ({}), {n} tensors, {:.1} MiB, {:.2} bits per weight, in {:.1} s",
+        a.out.display(),
+        a.out_type.name(),
+        plan.get("general.architecture")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?"),
+        written as f64 / (1 << 20) as f64,
+        total as f64 * 8.0 / params.max(1) as f64,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
