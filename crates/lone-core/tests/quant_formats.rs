@@ -182,7 +182,8 @@ fn dot_matches_float64_within_summation_bound() {
 }
 
 /// Quantization is byte-for-byte ggml's `quantize_row_*_ref` (via gguf-py, whose numpy code
-/// does the same f32 operations, or the generator's numpy ports for Q8_1 and Q8_K).
+/// does the same f32 operations, the generator's numpy ports for Q8_1 and Q8_K, or ggml's C
+/// itself for Q2_K..Q6_K).
 #[test]
 fn quantize_matches_reference_byte_for_byte() {
     let mut checked = 0;
@@ -206,8 +207,8 @@ fn quantize_matches_reference_byte_for_byte() {
         }
         checked += 1;
     }
-    // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K: two cases each.
-    assert_eq!(checked, 20);
+    // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, Q2_K..Q6_K: two cases each.
+    assert_eq!(checked, 30);
 }
 
 #[test]

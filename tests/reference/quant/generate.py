@@ -8,8 +8,11 @@ The expected values come from outside lone's Rust code:
 * Q8_1 and Q8_K are not in gguf-py (they are ggml's activation formats); this script has its
   own numpy ports of ggml's `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref` and of the
   obvious dequantization `q * d`.
-* gguf-py cannot quantize the K-quants, so their blocks are random bytes with the f16 scale
-  fields replaced by finite values (every other bit pattern is a valid block).
+* gguf-py cannot quantize the K-quants: their dequantization cases are random bytes with
+  the f16 scale fields replaced by finite values (every other bit pattern is a valid block),
+  and their quantization cases (`*_quant_*.bin`) are ggml's own `quantize_row_*_ref`,
+  compiled here from llama.cpp's ggml-quants.c with -ffp-contract=off (`--ggml DIR`,
+  default ~/.cache/llama.cpp-0c1e570/src).
 
 Optionally (`--check-ggml LLAMA_CPP_SRC`), the script compiles ggml's own ggml-quants.c
 (with -ffp-contract=off, i.e. no fused multiply-add) and asserts that the C reference agrees
@@ -266,19 +269,62 @@ size_t ggml_type_size(int type) { (void)type; abort(); }
 """
 
 
-def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:
+def ggml_library(src_dir: Path, tmp: str) -> ctypes.CDLL:
+    """ggml-quants.c from a llama.cpp checkout, compiled without fused multiply-adds."""
     ggml = src_dir / "ggml"
+    if not (ggml / "src" / "ggml-quants.c").is_file():
+        sys.exit(f"{src_dir}: no ggml/src/ggml-quants.c (pass --ggml LLAMA_CPP_SRC)")
+    stub = Path(tmp) / "stubs.c"
+    stub.write_text(STUBS)
+    lib = Path(tmp) / "libggmlq.so"
+    subprocess.run(
+        ["cc", "-O2", "-ffp-contract=off", "-shared", "-fPIC",
+         "-I", str(ggml / "include"), "-I", str(ggml / "src"),
+         str(ggml / "src" / "ggml-quants.c"), str(stub), "-lm", "-o", str(lib)],
+        check=True,
+    )
+    return ctypes.CDLL(str(lib))
+
+
+def make_kquant_quantize_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
+                              rows: int, n: int) -> dict:
+    """A K-quant case whose blocks are ggml's own `quantize_row_<type>_ref` (C, no FMA) of
+    weight-like data: gguf-py cannot quantize the K formats."""
+    _, bs, bb = FORMATS[name]
+    src = activation_like(rng, rows, n, bs)
+    if rows > 4:
+        # A block of one repeated value (max == min) and a block of tiny values.
+        src[4, :bs] = 0.25
+        src[4, bs:2 * bs] *= 1e-12
+    x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
+    raw = np.zeros(rows * n // bs * bb, np.uint8)
+    getattr(c, f"quantize_row_{name.lower().replace('_k', '_K')}_ref")(
+        x.ctypes.data_as(ctypes.c_void_p), raw.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_int64(rows * n))
+    deq = dequantize(name, raw, rows, n)
+    xa = rng.standard_normal(n).astype(np.float32)
+    prod = deq.astype(np.float64) * xa.astype(np.float64)
+    sections = {"src": src.astype("<f4").tobytes(), "blocks": raw.tobytes(),
+                "deq": deq.astype("<f4").tobytes(), "x": xa.astype("<f4").tobytes(),
+                "dots": prod.sum(axis=1).astype("<f8").tobytes(),
+                "mags": np.abs(prod).sum(axis=1).astype("<f8").tobytes()}
+    case = {"type": name, "rows": rows, "n": n,
+            "source": "quantized by ggml's quantize_row_*_ref (C, -ffp-contract=off); "
+                      "dequantized by gguf-py",
+            "quantize": True}
+    blob = b""
+    for key, data in sections.items():
+        case[key] = [len(blob), len(data)]
+        blob += data
+    case["file"] = f"{name.lower()}_quant_{rows}x{n}.bin"
+    case["_blob"] = blob
+    case["_arrays"] = (src, raw, deq)
+    return case
+
+
+def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        stub = Path(tmp) / "stubs.c"
-        stub.write_text(STUBS)
-        lib = Path(tmp) / "libggmlq.so"
-        subprocess.run(
-            ["cc", "-O2", "-ffp-contract=off", "-shared", "-fPIC",
-             "-I", str(ggml / "include"), "-I", str(ggml / "src"),
-             str(ggml / "src" / "ggml-quants.c"), str(stub), "-lm", "-o", str(lib)],
-            check=True,
-        )
-        c = ctypes.CDLL(str(lib))
+        c = ggml_library(src_dir, tmp)
         checked = 0
         for case in cases:
             name = case["type"]
@@ -325,6 +371,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check-ggml", type=Path, metavar="LLAMA_CPP_SRC",
                     help="also compile ggml-quants.c from this llama.cpp checkout and compare")
+    ap.add_argument("--ggml", type=Path, metavar="LLAMA_CPP_SRC",
+                    default=Path.home() / ".cache/llama.cpp-0c1e570/src",
+                    help="llama.cpp checkout whose ggml-quants.c quantizes the K-quant cases")
     args = ap.parse_args()
 
     rng = np.random.default_rng(0x10E)
@@ -338,6 +387,14 @@ def main() -> None:
             shapes = [(3, 256), (5, 512)]
         for rows, n in shapes:
             cases.append(make_case(rng, name, rows, n))
+    # K-quant quantization cases come from ggml's C reference (their own generator, so the
+    # cases above do not change when these do).
+    krng = np.random.default_rng(0x10F)
+    with tempfile.TemporaryDirectory() as tmp:
+        c = ggml_library(args.ggml, tmp)
+        for name in K_SCALE_FIELDS:
+            for rows, n in [(5, 512), (2, 1024)]:
+                cases.append(make_kquant_quantize_case(krng, c, name, rows, n))
 
     for old in OUT.glob("*.bin"):
         old.unlink()

@@ -43,7 +43,7 @@ fn tensor_type(gname: &str, n_dims: usize, row_len: usize, ftype: FileType) -> D
         return DType::F32;
     }
     let t = ftype.default_dtype();
-    if row_len % t.block_size() != 0 {
+    if !row_len.is_multiple_of(t.block_size()) {
         DType::F16
     } else {
         t
@@ -54,7 +54,7 @@ fn tensor_type(gname: &str, n_dims: usize, row_len: usize, ftype: FileType) -> D
 fn permuted_vector(t: &Tensor, heads: usize) -> Result<Tensor> {
     let v = t.to_f32_vec();
     let n = v.len();
-    if heads == 0 || n % heads != 0 || (n / heads) % 2 != 0 {
+    if heads == 0 || !n.is_multiple_of(heads) || !(n / heads).is_multiple_of(2) {
         return Err(Error::Config(format!(
             "cannot permute a bias of {n} values into {heads} heads"
         )));
@@ -162,7 +162,10 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
         } else {
             plan.set(&key("attention.head_count_kv"), u32v(cfg.n_kv_heads));
         }
-        plan.set(&key("rope.freq_base"), MetaValue::F32(cfg.rope.theta as f32));
+        plan.set(
+            &key("rope.freq_base"),
+            MetaValue::F32(cfg.rope.theta as f32),
+        );
         plan.set(
             &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(cfg.norm_eps),
@@ -192,7 +195,12 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
             plan.set("tokenizer.ggml.add_space_prefix", MetaValue::Bool(b));
         }
     }
-    vocab::add_gpt2_vocab(dir, cfg.vocab_size, opts.tokenizer_pre.as_deref(), &mut plan)?;
+    vocab::add_gpt2_vocab(
+        dir,
+        cfg.vocab_size,
+        opts.tokenizer_pre.as_deref(),
+        &mut plan,
+    )?;
     if arch == Arch::Llama && cfg.vocab_size == 49152 {
         // The converter's rule for granite-sized (and SmolLM's) vocabularies.
         plan.set("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
@@ -270,7 +278,9 @@ fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool
     let s = |v: String| MetaValue::String(v);
     plan.set(
         "general.name",
-        s(naming::id_to_title(parts.name.as_deref().unwrap_or(&dir_name))),
+        s(naming::id_to_title(
+            parts.name.as_deref().unwrap_or(&dir_name),
+        )),
     );
     if let Some(v) = &parts.version {
         plan.set("general.version", s(v.clone()));
@@ -335,7 +345,10 @@ fn lfm3_params(plan: &mut Plan, cfg: &ModelConfig, ftype: FileType) {
                 .collect(),
         ),
     );
-    plan.set(&key("rope.freq_base"), MetaValue::F32(cfg.rope.theta as f32));
+    plan.set(
+        &key("rope.freq_base"),
+        MetaValue::F32(cfg.rope.theta as f32),
+    );
     plan.set(
         &key("rope.freq_base_swa"),
         MetaValue::F32(cfg.rope_sliding.theta as f32),

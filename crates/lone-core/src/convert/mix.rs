@@ -108,7 +108,7 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
     use FileType as F;
     let mut t = default;
     if cat == Category::Output || (s.tied && cat == Category::TokenEmbd) {
-        if ncols % t.block_size() != 0 {
+        if !ncols.is_multiple_of(t.block_size()) {
             t = D::Q8_0;
         } else if t != D::Q8_0 {
             t = D::Q6K;
@@ -118,7 +118,6 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
     } else if is_attn_v(cat) {
         match ft {
             F::Q2K => t = if s.n_gqa >= 4 { D::Q4K } else { D::Q3K },
-            F::Q2KS if s.n_gqa >= 4 => t = D::Q4K,
             F::Q3KM => t = if s.i_attention_wv < 2 { D::Q5K } else { D::Q4K },
             F::Q3KL => t = D::Q5K,
             F::Q4KM | F::Q5KM if use_more_bits(s.i_attention_wv, s.n_attention_wv) => t = D::Q6K,
@@ -130,18 +129,9 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
         let (i, n) = (s.i_ffn_down, s.n_layer);
         match ft {
             F::Q2K => t = D::Q3K,
-            F::Q2KS => {
-                if i < n / 8 {
-                    t = D::Q4K
-                }
-            }
             F::Q3KM => t = if i < n / 16 { D::Q5K } else { D::Q4K },
             F::Q3KL => t = D::Q5K,
-            F::Q4KM => {
-                if use_more_bits(i, n) {
-                    t = D::Q6K
-                }
-            }
+            F::Q4KM if use_more_bits(i, n) => t = D::Q6K,
             F::Q5KM if use_more_bits(i, n) => t = D::Q6K,
             F::Q4KS if i < n / 8 => t = D::Q5K,
             _ => {}
@@ -168,7 +158,7 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
 /// `tensor_type_fallback`: a type whose blocks do not tile the row gives way.
 fn fallback(t: DType, ncols: usize) -> DType {
     use DType as D;
-    if ncols % t.block_size() == 0 {
+    if ncols.is_multiple_of(t.block_size()) {
         return t;
     }
     let f = match t {
@@ -178,7 +168,7 @@ fn fallback(t: DType, ncols: usize) -> DType {
         D::Q6K => D::Q8_0,
         other => other,
     };
-    if ncols % f.block_size() != 0 {
+    if !ncols.is_multiple_of(f.block_size()) {
         D::F16
     } else {
         f
@@ -223,7 +213,7 @@ pub fn requantize(mut plan: Plan, ftype: FileType) -> Result<Plan> {
         i_attention_wv: 0,
         n_layer: n_layer as i64,
         i_ffn_down: 0,
-        n_gqa: if n_head_kv == 0 { 0 } else { n_head / n_head_kv },
+        n_gqa: n_head.checked_div(n_head_kv).unwrap_or(0),
         tied: !plan.tensors.iter().any(|t| t.name == "output.weight"),
     };
     let default = ftype.default_dtype();

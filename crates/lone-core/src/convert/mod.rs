@@ -48,11 +48,10 @@ pub enum FileType {
     Q3KM,
     Q3KS,
     Q2K,
-    Q2KS,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 18] = [
+    pub const ALL: [FileType; 17] = [
         FileType::F32,
         FileType::F16,
         FileType::BF16,
@@ -70,7 +69,6 @@ impl FileType {
         FileType::Q3KM,
         FileType::Q3KS,
         FileType::Q2K,
-        FileType::Q2KS,
     ];
 
     /// The name llama-quantize prints and accepts (`Q4_K_M`).
@@ -93,7 +91,6 @@ impl FileType {
             FileType::Q3KM => "Q3_K_M",
             FileType::Q3KS => "Q3_K_S",
             FileType::Q2K => "Q2_K",
-            FileType::Q2KS => "Q2_K_S",
         }
     }
 
@@ -129,7 +126,6 @@ impl FileType {
             FileType::Q5KS => 16,
             FileType::Q5KM => 17,
             FileType::Q6K => 18,
-            FileType::Q2KS => 21,
             FileType::BF16 => 32,
         }
     }
@@ -149,7 +145,7 @@ impl FileType {
             FileType::Q5KM | FileType::Q5KS => DType::Q5K,
             FileType::Q4KM | FileType::Q4KS => DType::Q4K,
             FileType::Q3KL | FileType::Q3KM | FileType::Q3KS => DType::Q3K,
-            FileType::Q2K | FileType::Q2KS => DType::Q2K,
+            FileType::Q2K => DType::Q2K,
         }
     }
 
@@ -324,7 +320,7 @@ fn check_tensor(t: &PlanTensor) -> Result<()> {
             t.source.numel()
         )));
     }
-    if t.row_len() % t.dtype.block_size() != 0 || t.source.row_len() != t.row_len() {
+    if !t.row_len().is_multiple_of(t.dtype.block_size()) || t.source.row_len() != t.row_len() {
         return Err(Error::Config(format!(
             "tensor '{}': rows of {} values cannot be stored as {} (blocks of {})",
             t.name,
@@ -335,7 +331,7 @@ fn check_tensor(t: &PlanTensor) -> Result<()> {
     }
     if let RowOrder::InterleaveHeads(h) = t.rows {
         let rows = t.numel() / t.row_len();
-        if h == 0 || rows % h != 0 || (rows / h) % 2 != 0 {
+        if h == 0 || !rows.is_multiple_of(h) || !(rows / h).is_multiple_of(2) {
             return Err(Error::Config(format!(
                 "tensor '{}': {rows} rows cannot be split into {h} heads of even size",
                 t.name
@@ -390,7 +386,10 @@ fn encode(t: &PlanTensor, threads: usize) -> Result<Vec<u8>> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Config("quantizer panicked".into()))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Config("quantizer panicked".into())))
+            })
             .collect()
     });
     for r in results {

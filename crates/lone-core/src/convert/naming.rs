@@ -251,7 +251,10 @@ mod tests {
         assert_eq!(p.size_label.as_deref(), Some("135M"));
         assert_eq!(p.finetune.as_deref(), Some("Instruct"));
         assert_eq!(p.version, None);
-        assert_eq!(id_to_title("SmolLM2-135M-Instruct"), "SmolLM2 135M Instruct");
+        assert_eq!(
+            id_to_title("SmolLM2-135M-Instruct"),
+            "SmolLM2 135M Instruct"
+        );
         let p = id_components("Qwen2.5-0.5B-Instruct", 494_032_768);
         assert_eq!(p.basename.as_deref(), Some("Qwen2.5"));
         assert_eq!(p.size_label.as_deref(), Some("0.5B"));

@@ -30,10 +30,12 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         return Ok(None);
     }
     let text = crate::error::read_text(path)?;
-    serde_json::from_str(&text).map(Some).map_err(|e| Error::BadFile {
-        path: path.to_path_buf(),
-        msg: format!("invalid JSON: {e}"),
-    })
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::BadFile {
+            path: path.to_path_buf(),
+            msg: format!("invalid JSON: {e}"),
+        })
 }
 
 /// The converter's test for added tokens that should be control tokens.
@@ -44,12 +46,148 @@ fn looks_special(t: &str) -> bool {
         || (t.starts_with("<unused") && t.ends_with('>'))
 }
 
+fn set_add(v: &mut Vec<(String, bool)>, k: &str, b: bool, overwrite: bool) {
+    match v.iter_mut().find(|(n, _)| n == k) {
+        Some(slot) if overwrite => slot.1 = b,
+        Some(_) => {}
+        None => v.push((k.to_string(), b)),
+    }
+}
+
+/// tokenizer_config.json's `<typ>_token` (a string or `{"content": …}`).
+fn tc_token(tc: &Option<Value>, typ: &str) -> Option<String> {
+    match tc.as_ref()?.get(format!("{typ}_token"))? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+/// gguf-py's crude reading of a `TemplateProcessing` post-processor: whether BOS, EOS and a
+/// separator are added, and which tokens they are (written back into the tokenizer config,
+/// as gguf-py does).
+fn template_processing(
+    p: &Value,
+    tc: &mut Option<Value>,
+    special_types: &mut Vec<String>,
+    add: &mut Vec<(String, bool)>,
+) {
+    let sp = |v: &Value| -> Option<String> {
+        v.pointer("/SpecialToken/id")
+            .and_then(|s| s.as_str())
+            .map(str::to_string)
+    };
+    let seq = |v: &Value| -> Option<String> {
+        v.pointer("/Sequence/id")
+            .and_then(|s| s.as_str())
+            .map(str::to_string)
+    };
+    let arr = |k: &str| -> Vec<Value> {
+        p.get(k)
+            .and_then(|s| s.as_array())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (single, pair) = (arr("single"), arr("pair"));
+    let has_tc = tc
+        .as_ref()
+        .is_some_and(|t| t.as_object().is_some_and(|o| !o.is_empty()));
+    let mut bos = tc_token(tc, "bos");
+    let mut cls = tc_token(tc, "cls");
+    let mut eos = tc_token(tc, "eos");
+    let sep = tc_token(tc, "sep");
+    let put = |tc: &mut Option<Value>, k: &str, v: Value| {
+        if let Some(Value::Object(o)) = tc.as_mut() {
+            o.insert(k.to_string(), v);
+        }
+    };
+    let (mut first, mut last) = (None, None);
+    if single.len() > 1 {
+        first = sp(&single[0]);
+        if let Some(f) = &first {
+            if !has_tc {
+                bos = Some(f.clone());
+            } else if Some(f) != bos.as_ref() && Some(f) != cls.as_ref() {
+                if bos.is_none() {
+                    bos = Some(f.clone());
+                    put(tc, "bos_token", Value::String(f.clone()));
+                }
+                if cls.is_none() {
+                    cls = Some(f.clone());
+                    put(tc, "cls_token", Value::String(f.clone()));
+                }
+            }
+            let is = Some(f) == bos.as_ref() || Some(f) == cls.as_ref();
+            set_add(add, "bos", is, true);
+        }
+        last = single.last().and_then(sp);
+        if let Some(l) = &last {
+            if !has_tc {
+                eos = Some(l.clone());
+            } else if Some(l) != eos.as_ref() {
+                let old = eos.clone().map(Value::String).unwrap_or(Value::Null);
+                if !special_types.iter().any(|t| t == "eot") {
+                    special_types.push("eot".into());
+                    put(tc, "eot_token", old);
+                } else if !special_types.iter().any(|t| t == "eom") {
+                    special_types.push("eom".into());
+                    put(tc, "eom_token", old);
+                }
+                eos = Some(l.clone());
+                put(tc, "eos_token", Value::String(l.clone()));
+            }
+            set_add(add, "eos", Some(l) == eos.as_ref(), true);
+        }
+    }
+    if pair.is_empty() {
+        return;
+    }
+    let start = usize::from(first.is_some() && sp(&pair[0]) == first);
+    let stop = if last.is_some() && pair.last().and_then(sp) == last {
+        pair.len().saturating_sub(1)
+    } else {
+        pair.len()
+    };
+    let inner = if start < stop {
+        &pair[start..stop]
+    } else {
+        &[][..]
+    };
+    if inner.is_empty() {
+        return;
+    }
+    let (a, b) = (seq(&inner[0]), seq(&inner[inner.len() - 1]));
+    if a.as_deref() != Some("A") || b.as_deref() != Some("B") || inner.len() < 3 {
+        return;
+    }
+    let mid = &inner[1..inner.len() - 1];
+    let mut add_sep = false;
+    if let Some(e) = sp(&mid[0]) {
+        if (Some(&e) == sep.as_ref() || Some(&e) == eos.as_ref()) && last.is_none() {
+            add_sep = true;
+        }
+    }
+    if mid.len() == 2 {
+        if let Some(e) = sp(&mid[1]) {
+            if Some(&e) == sep.as_ref() || Some(&e) == eos.as_ref() {
+                add_sep = true;
+            }
+        }
+    }
+    set_add(add, "sep", add_sep, true);
+    if add_sep && sep.is_none() && has_tc {
+        if let Some(e) = eos {
+            put(tc, "sep_token", Value::String(e));
+        }
+    }
+}
+
 /// The pre-tokenizer name llama.cpp gives this tokenizer: the sha256 of its ids for
 /// [`CHECK_TEXT`] looked up in llama.cpp's table.
 pub fn pre_tokenizer(tok: &tokenizers::Tokenizer) -> Result<(String, Option<&'static str>)> {
-    let enc = tok
-        .encode(CHECK_TEXT, true)
-        .map_err(|e| Error::Tokenizer(format!("cannot encode the pre-tokenizer check text: {e}")))?;
+    let enc = tok.encode(CHECK_TEXT, true).map_err(|e| {
+        Error::Tokenizer(format!("cannot encode the pre-tokenizer check text: {e}"))
+    })?;
     let ids: Vec<String> = enc.get_ids().iter().map(|i| i.to_string()).collect();
     let printed = format!("[{}]", ids.join(", "));
     let hash = Sha256::digest(printed.as_bytes());
@@ -115,9 +253,7 @@ pub fn add_gpt2_vocab(
         if (id as usize) >= vocab_size {
             return Err(Error::BadFile {
                 path: tok_path,
-                msg: format!(
-                    "token {t:?} has id {id}, past config.json's vocab_size {vocab_size}"
-                ),
+                msg: format!("token {t:?} has id {id}, past config.json's vocab_size {vocab_size}"),
             });
         }
         by_id[id as usize] = Some(t.as_str());
@@ -197,20 +333,13 @@ pub fn add_gpt2_vocab(
     let mut special_ids: Vec<(String, u32)> = Vec::new();
     let mut add_special: Vec<(String, bool)> = Vec::new();
     let mut special_types: Vec<String> = SPECIAL_TYPES.iter().map(|s| s.to_string()).collect();
-    let set_add = |v: &mut Vec<(String, bool)>, k: &str, b: bool, overwrite: bool| {
-        match v.iter_mut().find(|(n, _)| n == k) {
-            Some(slot) if overwrite => slot.1 = b,
-            Some(_) => {}
-            None => v.push((k.to_string(), b)),
+    for (missing, from) in [("bos", "cls"), ("eos", "sep")] {
+        if tc_token(&tc, missing).is_none() {
+            if let (Some(v), Some(Value::Object(o))) = (tc_token(&tc, from), tc.as_mut()) {
+                o.insert(format!("{missing}_token"), Value::String(v));
+            }
         }
-    };
-    let tc_token = |tc: &Option<Value>, typ: &str| -> Option<String> {
-        match tc.as_ref()?.get(format!("{typ}_token"))? {
-            Value::String(s) => Some(s.clone()),
-            Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
-            _ => None,
-        }
-    };
+    }
     if let Some(pp) = tok_json.get("post_processor").filter(|p| !p.is_null()) {
         let procs: Vec<&Value> = match pp.get("processors").and_then(|p| p.as_array()) {
             Some(a) => a.iter().collect(),
@@ -228,56 +357,7 @@ pub fn add_gpt2_vocab(
                     }
                 }
                 Some("TemplateProcessing") => {
-                    let single = p
-                        .get("single")
-                        .and_then(|s| s.as_array())
-                        .cloned()
-                        .unwrap_or_default();
-                    if single.len() > 1 {
-                        let sp = |v: &Value| -> Option<String> {
-                            v.pointer("/SpecialToken/id")
-                                .and_then(|s| s.as_str())
-                                .map(str::to_string)
-                        };
-                        let bos = tc_token(&tc, "bos");
-                        let cls = tc_token(&tc, "cls");
-                        if let Some(first) = sp(&single[0]) {
-                            let known = Some(&first) == bos.as_ref() || Some(&first) == cls.as_ref();
-                            if let Some(Value::Object(o)) = tc.as_mut() {
-                                if !known {
-                                    if bos.is_none() {
-                                        o.insert("bos_token".into(), Value::String(first.clone()));
-                                    }
-                                    if cls.is_none() {
-                                        o.insert("cls_token".into(), Value::String(first.clone()));
-                                    }
-                                }
-                            }
-                            let now_bos = tc_token(&tc, "bos");
-                            let now_cls = tc_token(&tc, "cls");
-                            let is = tc.is_none()
-                                || Some(&first) == now_bos.as_ref()
-                                || Some(&first) == now_cls.as_ref();
-                            set_add(&mut add_special, "bos", is, true);
-                        }
-                        if let Some(last) = single.last().and_then(sp) {
-                            let eos = tc_token(&tc, "eos");
-                            if let Some(Value::Object(o)) = tc.as_mut() {
-                                if Some(&last) != eos.as_ref() {
-                                    let old = eos.clone().map(Value::String).unwrap_or(Value::Null);
-                                    if !special_types.iter().any(|t| t == "eot") {
-                                        special_types.push("eot".into());
-                                        o.insert("eot_token".into(), old);
-                                    } else if !special_types.iter().any(|t| t == "eom") {
-                                        special_types.push("eom".into());
-                                        o.insert("eom_token".into(), old);
-                                    }
-                                    o.insert("eos_token".into(), Value::String(last.clone()));
-                                }
-                            }
-                            set_add(&mut add_special, "eos", true, true);
-                        }
-                    }
+                    template_processing(p, &mut tc, &mut special_types, &mut add_special);
                 }
                 _ => {}
             }
@@ -285,7 +365,10 @@ pub fn add_gpt2_vocab(
     }
     if let Some(cfg) = tc.as_ref() {
         for typ in &special_types {
-            if let Some(b) = cfg.get(format!("add_{typ}_token")).and_then(|b| b.as_bool()) {
+            if let Some(b) = cfg
+                .get(format!("add_{typ}_token"))
+                .and_then(|b| b.as_bool())
+            {
                 set_add(&mut add_special, typ, b, false);
             }
             let Some(content) = tc_token(&tc, typ) else {
@@ -327,7 +410,10 @@ pub fn add_gpt2_vocab(
     }
     for (typ, b) in &add_special {
         if matches!(typ.as_str(), "bos" | "eos" | "sep") {
-            kv.set(&format!("tokenizer.ggml.add_{typ}_token"), MetaValue::Bool(*b));
+            kv.set(
+                &format!("tokenizer.ggml.add_{typ}_token"),
+                MetaValue::Bool(*b),
+            );
         }
     }
 
@@ -338,7 +424,8 @@ pub fn add_gpt2_vocab(
                 &dir.join("chat_template.jinja"),
             )?))
         } else {
-            read_json(&dir.join("chat_template.json"))?.and_then(|j| j.get("chat_template").cloned())
+            read_json(&dir.join("chat_template.json"))?
+                .and_then(|j| j.get("chat_template").cloned())
         };
         let template = cfg.get("chat_template").cloned().or(alt);
         let text = match template {

@@ -175,7 +175,7 @@ pub(crate) fn dequant_q8_k(b: &[u8; 292], y: &mut [f32; QK_K]) {
 /// ggml's `nearest_int`: round to nearest, ties to even, via the 1.5·2^23 trick. Exact for
 /// |v| ≤ 2^22 (ggml asserts that); outside that range it returns garbage, as ggml would.
 #[inline]
-fn nearest_int(v: f32) -> i32 {
+pub(crate) fn nearest_int(v: f32) -> i32 {
     let bits = (v + 12_582_912.0f32).to_bits() as i32;
     (bits & 0x007f_ffff) - 0x0040_0000
 }

@@ -16,6 +16,7 @@
 //! rounding of the accumulation (see its documentation).
 
 mod float;
+mod kquantize;
 mod kquants;
 mod legacy;
 pub mod reference;
@@ -87,9 +88,9 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 /// Quantize `src.len()` f32 values into `dst` (exactly `row_bytes(dtype, src.len())` bytes),
 /// byte-exact with ggml's `quantize_row_*_ref`.
 ///
-/// Supported: F32, F16, BF16 (round to nearest even, like ggml's converters), Q4_0, Q4_1,
-/// Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K. The K-quant weight formats (Q2_K..Q6_K) return
-/// [`QuantError::QuantizeUnsupported`].
+/// Every format: F32, F16, BF16 (round to nearest even, like ggml's converters), Q4_0, Q4_1,
+/// Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, and Q2_K..Q6_K (ggml's reference quantizers without an
+/// importance matrix).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     reference::quantize_row(dtype, src, dst)
 }

@@ -6,7 +6,7 @@
 //!   products in f32 (element order), and adds the block sums to an f32 total (block order).
 //!   Plain float formats are summed the same way in groups of 32 elements. No allocation.
 
-use super::{float, kquants, legacy, QuantError};
+use super::{float, kquantize, kquants, legacy, QuantError};
 use crate::tensor::DType;
 
 /// Checks that `n` elements are whole blocks stored in exactly `bytes` bytes.
@@ -26,11 +26,8 @@ pub fn check_row(dtype: DType, n: usize, bytes: usize) -> Result<(), QuantError>
 }
 
 /// Whether [`quantize_row`] supports `dtype`.
-pub fn can_quantize(dtype: DType) -> bool {
-    !matches!(
-        dtype,
-        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K
-    )
+pub fn can_quantize(_dtype: DType) -> bool {
+    true
 }
 
 // ---------------------------------------------------------------- generic drivers
@@ -157,9 +154,6 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 
 /// Quantize `src.len()` values; see [`super::quantize_row`].
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    if !can_quantize(dtype) {
-        return Err(QuantError::QuantizeUnsupported(dtype));
-    }
     check_row(dtype, src.len(), dst.len())?;
     match dtype {
         DType::F32 => quant_blocks(src, dst, |x: &[f32; 1], b: &mut [u8; 4]| {
@@ -178,9 +172,11 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         DType::Q8_0 => quant_blocks(src, dst, legacy::quant_q8_0),
         DType::Q8_1 => quant_blocks(src, dst, legacy::quant_q8_1),
         DType::Q8K => quant_blocks(src, dst, kquants::quant_q8_k),
-        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => {
-            return Err(QuantError::QuantizeUnsupported(dtype))
-        }
+        DType::Q2K => quant_blocks(src, dst, kquantize::quant_q2_k),
+        DType::Q3K => quant_blocks(src, dst, kquantize::quant_q3_k),
+        DType::Q4K => quant_blocks(src, dst, kquantize::quant_q4_k),
+        DType::Q5K => quant_blocks(src, dst, kquantize::quant_q5_k),
+        DType::Q6K => quant_blocks(src, dst, kquantize::quant_q6_k),
     }
     Ok(())
 }

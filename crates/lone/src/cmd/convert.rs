@@ -19,8 +19,8 @@ pub struct ConvertArgs {
     #[arg(long, short = 'o')]
     pub out: PathBuf,
     /// Output type: F32, F16, BF16, Q8_0 (what convert_hf_to_gguf.py writes), or Q6_K,
-    /// Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K,
-    /// Q2_K_S (llama-quantize's mixes, from the F32 conversion).
+    /// Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K
+    /// (llama-quantize's mixes, from the F32 conversion).
     #[arg(long = "type", short = 't', default_value = "F16", value_parser = parse_type)]
     pub out_type: FileType,
     /// `tokenizer.ggml.pre` for a tokenizer llama.cpp's table does not know (llama-bpe,
@@ -36,7 +36,8 @@ pub struct ConvertArgs {
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
-    FileType::parse(s).ok_or_else(|| format!("unknown type {s:?}; use one of {}", FileType::names()))
+    FileType::parse(s)
+        .ok_or_else(|| format!("unknown type {s:?}; use one of {}", FileType::names()))
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
@@ -47,10 +48,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         );
     }
     if a.out.exists() && !a.force {
-        bail!(
-            "{} exists; pass --force to overwrite it",
-            a.out.display()
-        );
+        bail!("{} exists; pass --force to overwrite it", a.out.display());
     }
     if a.out.canonicalize().ok() == a.input.canonicalize().ok() {
         bail!("the output would overwrite the input");

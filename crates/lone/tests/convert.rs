@@ -1,0 +1,187 @@
+//! `lone convert` against llama.cpp's own tools on the fixture checkpoints:
+//! - at F32/F16/BF16/Q8_0, a checkpoint must become the very bytes convert_hf_to_gguf.py wrote
+//!   (`tests/reference/fixtures/<name>/model-<type>.gguf`);
+//! - at every llama-quantize type, the converter's F32 file (and the checkpoint itself) must
+//!   become the very bytes llama-quantize wrote (sha256 in
+//!   `tests/reference/convert/llama-quantize.json`, from `generate.py` there);
+//! - the files lone writes load and generate in lone, and bad inputs fail cleanly.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+fn lone() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lone"))
+}
+
+fn reference() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    reference().join("fixtures").join(name)
+}
+
+const FAMILIES: [&str; 6] = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama", "lfm3"];
+
+/// `lone convert INPUT -o OUT -t TYPE`, which must succeed; OUT's bytes.
+fn convert(input: &Path, out: &Path, ty: &str) -> Vec<u8> {
+    let o = lone()
+        .arg("convert")
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(["-t", ty, "--force", "--threads", "2"])
+        // The fixtures' tokenizer is a small byte-level BPE that llama.cpp's hash table does
+        // not know; their GGUFs were converted with `tokenizer.ggml.pre = gpt-2`.
+        .args(["--tokenizer-pre", "gpt-2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "convert {} {ty}: {stderr}",
+        input.display()
+    );
+    std::fs::read(out).unwrap()
+}
+
+fn sha256(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+#[test]
+fn checkpoints_convert_to_the_bytes_llama_cpps_converter_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = 0;
+    for fam in FAMILIES {
+        for ty in ["f32", "f16", "bf16", "q8_0"] {
+            let want = std::fs::read(fixture(fam).join(format!("model-{ty}.gguf"))).unwrap();
+            let got = convert(&fixture(fam), &dir.path().join("out.gguf"), ty);
+            assert!(
+                got == want,
+                "{fam} {ty}: lone wrote {} bytes, the converter {}; first difference at byte {:?}",
+                got.len(),
+                want.len(),
+                got.iter().zip(&want).position(|(a, b)| a != b)
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 24);
+}
+
+#[test]
+fn quantized_types_are_the_bytes_llama_quantize_writes() {
+    let refs: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(reference().join("convert/llama-quantize.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = refs["cases"].as_array().unwrap();
+    assert!(cases.len() >= 80, "{} cases", cases.len());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.gguf");
+    for c in cases {
+        let fam = c["family"].as_str().unwrap();
+        let ty = c["type"].as_str().unwrap();
+        let want = c["sha256"].as_str().unwrap();
+        let from_gguf = convert(&fixture(fam).join("model-f32.gguf"), &out, ty);
+        assert_eq!(
+            (from_gguf.len() as u64, sha256(&from_gguf).as_str()),
+            (c["bytes"].as_u64().unwrap(), want),
+            "{fam} {ty} from model-f32.gguf differs from llama-quantize's file (types it chose: {})",
+            c["tensor_types"]
+        );
+        // From the checkpoint directly: the converter's F32 file, then llama-quantize.
+        if matches!(ty, "Q4_K_M" | "Q2_K" | "Q6_K" | "Q5_0") {
+            let from_hf = convert(&fixture(fam), &out, ty);
+            assert_eq!(sha256(&from_hf), want, "{fam} {ty} from the checkpoint");
+        }
+    }
+}
+
+#[test]
+fn a_converted_file_runs_with_transformers_logits() {
+    // The Q4_K_M file lone writes from the llama checkpoint, run by lone on the exact path:
+    // its logits are transformers' on the dequantized weights of llama-quantize's Q4_K_M file
+    // (gguf-q4_k.logits.npy, from tests/reference/generate.py) to 1e-4.
+    let fam = fixture("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q4km.gguf");
+    convert(&fam, &out, "Q4_K_M");
+    let ids = |f: &str| -> Vec<String> {
+        let v: Vec<u32> =
+            serde_json::from_str(&std::fs::read_to_string(fam.join(f)).unwrap()).unwrap();
+        v.iter().map(|i| i.to_string()).collect()
+    };
+    // The reference rows follow the f32 model's greedy tokens: feed them as the prompt.
+    let mut prompt = ids("prompt_ids.json");
+    prompt.extend(ids("greedy.json").into_iter().take(6));
+    let npy = dir.path().join("logits.npy");
+    let n = 1;
+    let o = lone()
+        .args([
+            "--exact",
+            "--cache-type",
+            "f32",
+            "run",
+            "--ignore-eos",
+            "--model",
+        ])
+        .arg(&out)
+        .args(["--prompt-ids", &prompt.join(","), "-n", &n.to_string()])
+        .arg("--dump-logits")
+        .arg(&npy)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = lone_core::npy::read(&npy).unwrap();
+    let want = lone_core::npy::read(&fam.join("gguf-q4_k.logits.npy")).unwrap();
+    let rows = prompt.len() + n - 1;
+    let v = want.shape[1];
+    assert_eq!(got.shape, vec![rows, v]);
+    let worst = got
+        .data
+        .iter()
+        .zip(&want.data[..rows * v])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "max |Δ logit| {worst:e}");
+}
+
+#[test]
+fn bad_inputs_fail_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.gguf");
+    let run = |args: &[&str]| {
+        let o = lone().arg("convert").args(args).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(!e.contains("panicked"), "{e}");
+        e
+    };
+    let outs = out.to_str().unwrap();
+    let fam = fixture("llama");
+    let f = fam.to_str().unwrap();
+    assert!(run(&[f, "-o", outs, "-t", "Q9_9"]).contains("unknown type"));
+    assert!(run(&["/nonexistent/dir", "-o", outs]).contains("no such file"));
+    // The fixture tokenizer is not in llama.cpp's pre-tokenizer table: say so and name the
+    // flag.
+    assert!(run(&[f, "-o", outs, "-t", "f16"]).contains("--tokenizer-pre"));
+    std::fs::write(&out, b"x").unwrap();
+    assert!(run(&[f, "-o", outs, "-t", "f16", "--tokenizer-pre", "gpt-2"]).contains("--force"));
+    // A corrupt GGUF input.
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let e = run(&[
+        bad.to_str().unwrap(),
+        "-o",
+        dir.path().join("y.gguf").to_str().unwrap(),
+    ]);
+    assert!(e.contains("cannot convert"), "{e}");
+    assert!(!dir.path().join("y.gguf").exists());
+}
