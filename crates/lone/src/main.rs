@@ -1,6 +1,7 @@
 //! `lone`: run small language models locally.
 
 mod cmd;
+mod hub;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -61,6 +62,13 @@ enum Command {
     /// Write a GGUF file from a HF checkpoint or another GGUF, at a chosen type (as
     /// convert_hf_to_gguf.py and llama-quantize do).
     Convert(cmd::convert::ConvertArgs),
+    /// Download a model from the Hugging Face Hub into its cache (`org/name[:QUANT]`); print
+    /// its local path. `--model org/name[:QUANT]` on every command does the same.
+    Pull(cmd::hub::PullArgs),
+    /// List the models in the Hugging Face cache.
+    Ls(cmd::hub::LsArgs),
+    /// Delete a model from the Hugging Face cache.
+    Rm(cmd::hub::RmArgs),
 }
 
 /// llama.cpp's multi-letter short flags, spelled as their long forms (clap's short flags are
@@ -139,6 +147,9 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::Pull(a) => cmd::hub::pull(a),
+        Command::Ls(a) => cmd::hub::ls(a),
+        Command::Rm(a) => cmd::hub::rm(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", report(&e));

@@ -811,7 +811,18 @@ fn llama_cpp_habits() {
     );
     let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(g["generated_ids"].as_array().unwrap().len(), 2);
-    for sub in ["run", "serve", "chat", "bench", "inspect", "perplexity"] {
+    for sub in [
+        "run",
+        "serve",
+        "chat",
+        "bench",
+        "inspect",
+        "perplexity",
+        "convert",
+        "pull",
+        "ls",
+        "rm",
+    ] {
         let out = lone().args([sub, "--version"]).output().unwrap();
         assert!(
             out.status.success()
@@ -819,11 +830,15 @@ fn llama_cpp_habits() {
             "{sub}"
         );
     }
+    // A repo id is looked up on the Hub (here a closed loopback port: tests never download).
+    let hub_cache = tempfile::tempdir().unwrap();
     let out = lone()
         .args(["run", "-m", "Qwen/Qwen2.5-0.5B-Instruct", "-p", "x"])
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HF_HUB_CACHE", hub_cache.path())
         .output()
         .unwrap();
-    expect_error(out, "looks like a Hugging Face repo id");
+    expect_error(out, "as a Hugging Face repo id it did not resolve");
     let out = lone()
         .args(["run", "-m", "/no/such/model.gguf", "-p", "x"])
         .output()

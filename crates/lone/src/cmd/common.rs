@@ -68,31 +68,17 @@ pub fn local_model(p: &Path) -> Result<PathBuf> {
             ),
         }
     }
-    if !p.exists() && looks_like_repo_id(p) {
-        bail!(
-            "no file or directory {}: it looks like a Hugging Face repo id, and lone does not download models yet (`lone pull` is planned); download it first (e.g. `huggingface-cli download {}`) and pass the local path",
-            p.display(),
-            p.display()
-        );
+    if !p.exists() {
+        if let Some(r) = crate::hub::RepoRef::parse(&p.to_string_lossy()) {
+            return crate::hub::resolve(&r).with_context(|| {
+                format!(
+                    "no file or directory {}, and as a Hugging Face repo id it did not resolve",
+                    p.display()
+                )
+            });
+        }
     }
     Ok(p.to_path_buf())
-}
-
-/// `org/name` or `org/name:QUANT`: two plain parts, no extension on the last.
-fn looks_like_repo_id(p: &Path) -> bool {
-    let s = p.to_string_lossy();
-    let s = s.strip_prefix("hf://").unwrap_or(&s);
-    let mut parts = s.split('/');
-    let (Some(org), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
-        return false;
-    };
-    let ok = |x: &str| {
-        !x.is_empty()
-            && !x.starts_with('.')
-            && x.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-    };
-    ok(org) && ok(name) && !name.to_ascii_lowercase().ends_with(".gguf")
 }
 
 static CACHE_TYPE: std::sync::OnceLock<KvType> = std::sync::OnceLock::new();

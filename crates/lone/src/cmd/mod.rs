@@ -3,6 +3,7 @@ mod bench_suite;
 pub mod chat;
 pub mod common;
 pub mod convert;
+pub mod hub;
 pub mod inspect;
 pub mod model_info;
 pub mod perplexity;
