@@ -211,6 +211,41 @@ fn quantize_matches_reference_byte_for_byte() {
     assert_eq!(checked, 30);
 }
 
+/// With importances (an imatrix row), quantization is byte-for-byte ggml's `quantize_*`
+/// given `quant_weights` (C, no fused multiply-add), for every format that uses them.
+#[test]
+fn weighted_quantize_matches_ggml_byte_for_byte() {
+    let mut types = Vec::new();
+    for case in load_cases()
+        .into_iter()
+        .filter(|c| c.meta.get("weighted").is_some())
+    {
+        let src = case.f32s("src");
+        let qw = case.f32s("qw");
+        assert_eq!(qw.len(), case.n);
+        let rb = case.row_bytes();
+        for (r, (x, want)) in src.chunks(case.n).zip(case.blocks().chunks(rb)).enumerate() {
+            let mut got = vec![0xa5u8; rb];
+            quant::quantize_row_weighted(case.dtype, x, &qw, &mut got).unwrap();
+            if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+                let bb = case.dtype.block_bytes();
+                panic!(
+                    "{} row {r}: byte {i} (block {}, offset {}) is {:#04x}, want {:#04x}",
+                    case.file,
+                    i / bb,
+                    i % bb,
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+        types.push(case.dtype);
+    }
+    types.dedup();
+    // Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1.
+    assert_eq!(types.len(), 9, "{types:?}");
+}
+
 #[test]
 fn length_errors_are_reported_not_panicked() {
     let case = load_cases()

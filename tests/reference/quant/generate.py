@@ -263,7 +263,22 @@ STUBS = r"""
 void ggml_abort(const char * file, int line, const char * fmt, ...) {
     fprintf(stderr, "ggml_abort %s:%d\n", file, line); abort();
 }
-size_t ggml_row_size(int type, long long n) { (void)type; (void)n; abort(); }
+size_t ggml_row_size(int type, long long n) {
+    /* block size and bytes of the types quantize_* asks about (ggml type ids) */
+    switch (type) {
+        case 2: return n / 32 * 18;   /* Q4_0 */
+        case 3: return n / 32 * 20;   /* Q4_1 */
+        case 6: return n / 32 * 22;   /* Q5_0 */
+        case 7: return n / 32 * 24;   /* Q5_1 */
+        case 8: return n / 32 * 34;   /* Q8_0 */
+        case 10: return n / 256 * 84;  /* Q2_K */
+        case 11: return n / 256 * 110; /* Q3_K */
+        case 12: return n / 256 * 144; /* Q4_K */
+        case 13: return n / 256 * 176; /* Q5_K */
+        case 14: return n / 256 * 210; /* Q6_K */
+    }
+    abort();
+}
 const char * ggml_type_name(int type) { (void)type; return "?"; }
 size_t ggml_type_size(int type) { (void)type; abort(); }
 """
@@ -317,6 +332,47 @@ def make_kquant_quantize_case(rng: np.random.Generator, c: ctypes.CDLL, name: st
         case[key] = [len(blob), len(data)]
         blob += data
     case["file"] = f"{name.lower()}_quant_{rows}x{n}.bin"
+    case["_blob"] = blob
+    case["_arrays"] = (src, raw, deq)
+    return case
+
+
+WEIGHTED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
+def make_weighted_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
+                       rows: int, n: int) -> dict:
+    """Importance-weighted quantization (what llama-quantize does with --imatrix): ggml's
+    `quantize_<type>(src, dst, nrow, n_per_row, quant_weights)`. The importances `qw` (one
+    per column, shared by the rows) are log-normal, with a few zero columns."""
+    _, bs, bb = FORMATS[name]
+    src = activation_like(rng, rows, n, bs)
+    qw = np.exp(rng.standard_normal(n) * 1.5).astype(np.float32)
+    qw[rng.choice(n, size=n // 64, replace=False)] = 0
+    x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
+    raw = np.zeros(rows * n // bs * bb, np.uint8)
+    fn = getattr(c, f"quantize_{name.lower().replace('_k', '_K')}")
+    fn.restype = ctypes.c_size_t
+    got = fn(x.ctypes.data_as(ctypes.c_void_p), raw.ctypes.data_as(ctypes.c_void_p),
+             ctypes.c_int64(rows), ctypes.c_int64(n), qw.ctypes.data_as(ctypes.c_void_p))
+    assert got == raw.size, (name, got, raw.size)
+    deq = dequantize(name, raw, rows, n)
+    xa = rng.standard_normal(n).astype(np.float32)
+    prod = deq.astype(np.float64) * xa.astype(np.float64)
+    sections = {"src": src.astype("<f4").tobytes(), "qw": qw.astype("<f4").tobytes(),
+                "blocks": raw.tobytes(), "deq": deq.astype("<f4").tobytes(),
+                "x": xa.astype("<f4").tobytes(),
+                "dots": prod.sum(axis=1).astype("<f8").tobytes(),
+                "mags": np.abs(prod).sum(axis=1).astype("<f8").tobytes()}
+    case = {"type": name, "rows": rows, "n": n,
+            "source": "quantized by ggml's quantize_* with quant_weights (C, "
+                      "-ffp-contract=off); dequantized by gguf-py",
+            "quantize": False, "weighted": True}
+    blob = b""
+    for key, data in sections.items():
+        case[key] = [len(blob), len(data)]
+        blob += data
+    case["file"] = f"{name.lower()}_imatrix_{rows}x{n}.bin"
     case["_blob"] = blob
     case["_arrays"] = (src, raw, deq)
     return case
@@ -395,6 +451,10 @@ def main() -> None:
         for name in K_SCALE_FIELDS:
             for rows, n in [(5, 512), (2, 1024)]:
                 cases.append(make_kquant_quantize_case(krng, c, name, rows, n))
+        wrng = np.random.default_rng(0x110)
+        for name in WEIGHTED:
+            for rows, n in [(5, 512), (3, 1024)]:
+                cases.append(make_weighted_case(wrng, c, name, rows, n))
 
     for old in OUT.glob("*.bin"):
         old.unlink()

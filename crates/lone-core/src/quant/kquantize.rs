@@ -20,9 +20,9 @@ use super::kquants::{nearest_int, QK_K};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
 
-/// `make_qx_quants` with no weights (rmse_type 1: weights x²): symmetric levels in
-/// `[-nmax, nmax)`, stored offset by `nmax`; returns the scale.
-fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
+/// `make_qx_quants` (rmse_type 1): symmetric levels in `[-nmax, nmax)`, stored offset by
+/// `nmax`, fitted with weights `qw` (x² without); returns the scale.
+pub(crate) fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {
@@ -39,10 +39,11 @@ fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
     let mut iscale = -(nmax as f32) / max;
     let mut sumlx = 0.0f32;
     let mut suml2 = 0.0f32;
-    for (o, &v) in l_out.iter_mut().zip(x) {
+    let weight = |i: usize, v: f32| qw.map_or(v * v, |q| q[i]);
+    for (i, (o, &v)) in l_out.iter_mut().zip(x).enumerate() {
         let l = clamp(nearest_int(iscale * v));
         *o = (l + nmax) as i8;
-        let w = v * v;
+        let w = weight(i, v);
         sumlx += w * v * l as f32;
         suml2 += w * l as f32 * l as f32;
     }
@@ -55,9 +56,9 @@ fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
         iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = clamp(nearest_int(iscale * v));
-            let w = v * v;
+            let w = weight(i, v);
             sumlx += w * v * l as f32;
             suml2 += w * l as f32 * l as f32;
         }
@@ -135,7 +136,7 @@ fn make_q3_quants(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
 /// `make_qkx2_quants`: levels `0..=nmax` with a scale and a (non-positive) min, the best of a
 /// weighted least-squares fit at `nstep + 1` trial scales. Returns (scale, -min).
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+pub(crate) fn make_qkx2_quants(
     x: &[f32],
     weights: &[f32],
     nmax: i32,
@@ -216,7 +217,7 @@ fn make_qkx2_quants(
 }
 
 /// Q4_K/Q5_K's 12 bytes of eight 6-bit scales and mins.
-fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
+pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
     out[..12].fill(0);
     for j in 0..8 {
         if j < 4 {
@@ -230,7 +231,7 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
     }
 }
 
-fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -505,7 +506,12 @@ pub(crate) fn quant_q6_k(x: &[f32; QK_K], b: &mut [u8; 210]) {
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
     for ib in 0..16 {
-        let s = make_qx_quants(&x[16 * ib..16 * ib + 16], 32, &mut l[16 * ib..16 * ib + 16]);
+        let s = make_qx_quants(
+            &x[16 * ib..16 * ib + 16],
+            32,
+            &mut l[16 * ib..16 * ib + 16],
+            None,
+        );
         scales[ib] = s;
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();

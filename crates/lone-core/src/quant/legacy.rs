@@ -181,7 +181,7 @@ pub(crate) fn quant_q4_1(x: &[f32; QK], b: &mut [u8; 20]) {
 
 /// Packs 32 five-bit quants into `qh` (4 bytes) and `qs` (16 bytes).
 #[inline]
-fn pack_q5(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
+pub(crate) fn pack_q5(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
     let mut h = 0u32;
     for j in 0..16 {
         qs[j] = (q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4);

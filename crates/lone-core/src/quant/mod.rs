@@ -20,6 +20,7 @@ mod kquantize;
 mod kquants;
 mod legacy;
 pub mod reference;
+mod weighted;
 
 /// The per-block reference dequantizers, for the SIMD kernels to inline (exact mode).
 pub(crate) mod reference_blocks {
@@ -93,4 +94,17 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 /// importance matrix).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     reference::quantize_row(dtype, src, dst)
+}
+
+/// Quantize `src` into `dst` fitting each column with importance `qw` (an imatrix row, as
+/// long as `src`), byte-exact with ggml's `quantize_*` given `quant_weights` (what
+/// llama-quantize does with `--imatrix`). Formats ggml quantizes without weights (Q8_0, the
+/// float formats) ignore `qw`.
+pub fn quantize_row_weighted(
+    dtype: DType,
+    src: &[f32],
+    qw: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    weighted::quantize_row_weighted(dtype, src, qw, dst)
 }
