@@ -328,10 +328,10 @@ fn q6_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
     let mut scales = [0f32; 16];
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
-    for ib in 0..16 {
+    for (ib, sc) in scales.iter_mut().enumerate() {
         let r = 16 * ib..16 * ib + 16;
         let s = make_qx_quants(&x[r.clone()], 32, &mut l[r.clone()], Some(&qw[r]));
-        scales[ib] = s;
+        *sc = s;
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();
             max_scale = s;
