@@ -13,6 +13,7 @@ pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod imatrix;
 pub mod kernels;
 pub mod loader;
 pub mod models;

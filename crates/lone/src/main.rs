@@ -62,6 +62,9 @@ enum Command {
     /// Write a GGUF file from a HF checkpoint or another GGUF, at a chosen type (as
     /// convert_hf_to_gguf.py and llama-quantize do).
     Convert(cmd::convert::ConvertArgs),
+    /// Compute an importance matrix from calibration text (as llama-imatrix), for
+    /// `lone convert --imatrix`.
+    Imatrix(cmd::imatrix::ImatrixArgs),
     /// Download a model from the Hugging Face Hub into its cache (`org/name[:QUANT]`); print
     /// its local path. `--model org/name[:QUANT]` on every command does the same.
     Pull(cmd::hub::PullArgs),
@@ -147,6 +150,7 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::Imatrix(a) => cmd::imatrix::run(a),
         Command::Pull(a) => cmd::hub::pull(a),
         Command::Ls(a) => cmd::hub::ls(a),
         Command::Rm(a) => cmd::hub::rm(a),

@@ -27,7 +27,14 @@ const FAMILIES: [&str; 6] = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama", "lfm
 
 /// `lone convert INPUT -o OUT -t TYPE`, which must succeed; OUT's bytes.
 fn convert(input: &Path, out: &Path, ty: &str) -> Vec<u8> {
+    convert_with(input, out, ty, &[])
+}
+
+/// [`convert`] with extra arguments, run in `tests/reference/convert` (where the imatrix
+/// files are, so their recorded names match llama-quantize's).
+fn convert_with(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> Vec<u8> {
     let o = lone()
+        .current_dir(reference().join("convert"))
         .arg("convert")
         .arg(input)
         .arg("-o")
@@ -36,6 +43,7 @@ fn convert(input: &Path, out: &Path, ty: &str) -> Vec<u8> {
         // The fixtures' tokenizer is a small byte-level BPE that llama.cpp's hash table does
         // not know; their GGUFs were converted with `tokenizer.ggml.pre = gpt-2`.
         .args(["--tokenizer-pre", "gpt-2"])
+        .args(extra)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -82,24 +90,98 @@ fn quantized_types_are_the_bytes_llama_quantize_writes() {
     )
     .unwrap();
     let cases = refs["cases"].as_array().unwrap();
-    assert!(cases.len() >= 80, "{} cases", cases.len());
+    assert!(cases.len() >= 100, "{} cases", cases.len());
+    assert!(cases.iter().filter(|c| c["imatrix"].is_string()).count() >= 20);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.gguf");
     for c in cases {
         let fam = c["family"].as_str().unwrap();
         let ty = c["type"].as_str().unwrap();
         let want = c["sha256"].as_str().unwrap();
-        let from_gguf = convert(&fixture(fam).join("model-f32.gguf"), &out, ty);
+        let imatrix: Vec<&str> = match c["imatrix"].as_str() {
+            Some(f) => vec!["--imatrix", f],
+            None => vec![],
+        };
+        let from_gguf = convert_with(&fixture(fam).join("model-f32.gguf"), &out, ty, &imatrix);
         assert_eq!(
             (from_gguf.len() as u64, sha256(&from_gguf).as_str()),
             (c["bytes"].as_u64().unwrap(), want),
-            "{fam} {ty} from model-f32.gguf differs from llama-quantize's file (types it chose: {})",
+            "{fam} {ty} {imatrix:?} from model-f32.gguf differs from llama-quantize's file (types it chose: {})",
             c["tensor_types"]
         );
         // From the checkpoint directly: the converter's F32 file, then llama-quantize.
         if matches!(ty, "Q4_K_M" | "Q2_K" | "Q6_K" | "Q5_0") {
-            let from_hf = convert(&fixture(fam), &out, ty);
-            assert_eq!(sha256(&from_hf), want, "{fam} {ty} from the checkpoint");
+            let from_hf = convert_with(&fixture(fam), &out, ty, &imatrix);
+            assert_eq!(
+                sha256(&from_hf),
+                want,
+                "{fam} {ty} {imatrix:?} from the checkpoint"
+            );
+        }
+    }
+}
+
+#[test]
+fn imatrix_statistics_are_llama_imatrixs() {
+    // llama-imatrix's files (tests/reference/convert/generate.py: the LFM license text,
+    // -c 128, 8 chunks) against lone imatrix on the same model and text. The sums differ only
+    // by f32 summation order (measured: 9e-6 relative); names, shapes, counts, chunk metadata
+    // are equal.
+    use lone_core::imatrix::Imatrix;
+    let text = reference().join("tokenizer/assets/lfm2/LICENSE.lfm1.0.txt");
+    let dir = tempfile::tempdir().unwrap();
+    for fam in ["llama", "lfm2_a"] {
+        let want = Imatrix::load(&reference().join(format!("convert/{fam}.imatrix.gguf"))).unwrap();
+        let legacy =
+            Imatrix::load(&reference().join(format!("convert/{fam}.imatrix.dat"))).unwrap();
+        let out = dir.path().join(format!("{fam}.gguf"));
+        let o = lone()
+            .args(["imatrix", "-c", "128", "--chunks", "8", "-m"])
+            .arg(fixture(fam).join("model-f32.gguf"))
+            .arg("-f")
+            .arg(&text)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = Imatrix::load(&out).unwrap();
+        assert_eq!(
+            (got.chunk_count, got.chunk_size),
+            (want.chunk_count, want.chunk_size)
+        );
+        assert_eq!(got.datasets, vec![text.to_string_lossy().into_owned()]);
+        assert_eq!(
+            got.entries.keys().collect::<Vec<_>>(),
+            want.entries.keys().collect::<Vec<_>>(),
+            "{fam}"
+        );
+        assert!(
+            want.entries.len() >= 14,
+            "{fam}: {} entries",
+            want.entries.len()
+        );
+        for (name, w) in &want.entries {
+            let g = &got.entries[name];
+            assert_eq!(g.counts, w.counts, "{fam} {name}");
+            assert_eq!(g.sums.len(), w.sums.len(), "{fam} {name}");
+            for (a, b) in g.sums.iter().zip(&w.sums) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1e-30),
+                    "{fam} {name}: {a} vs {b}"
+                );
+            }
+            // The legacy file holds the same statistics as means per call.
+            let (l, i) = (
+                legacy.importance(name).unwrap(),
+                want.importance(name).unwrap(),
+            );
+            for (a, b) in l.iter().zip(&i) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-30),
+                    "{fam} {name} legacy"
+                );
+            }
         }
     }
 }

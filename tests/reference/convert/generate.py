@@ -8,11 +8,18 @@ For every fixture family converted by llama.cpp's convert_hf_to_gguf.py (the com
 in `llama-quantize.json`. crates/lone/tests/convert.rs converts the same inputs (the GGUF, and
 the HF checkpoint directly) and compares.
 
+Importance matrices: `llama-imatrix` over the LFM license text (`-c 128 --chunks 8`) of the
+llama and lfm2_a fixtures writes `<name>.imatrix.gguf` (and `<name>.imatrix.dat`, the legacy
+format) here, committed; llama-quantize then runs with `--imatrix <file>` (from this
+directory, so the file name it records is the bare name) for IMATRIX_TYPES, recorded in the
+same JSON with `"imatrix": <file>`.
+
     python3 tests/reference/convert/generate.py [--llama-quantize PATH]
 
-Default llama-quantize: ~/.cache/llama.cpp-0c1e570/bin/llama-quantize (built by
-../shared/scripts/build-llama-cpp.sh). gguf-py (from the same llama.cpp checkout) reads the
-tensor types.
+Default llama-quantize: ~/.cache/llama.cpp-0c1e570/bin/llama-quantize, llama-imatrix next to
+it or in ../build/bin (built by ../shared/scripts/build-llama-cpp.sh; llama-imatrix with
+`cmake --build build --target llama-imatrix`). gguf-py (from the same llama.cpp checkout)
+reads the tensor types.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
 FAMILIES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
+IMATRIX_FAMILIES = ["llama", "lfm2_a"]
+IMATRIX_TYPES = ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1",
+                 "Q5_0", "Q5_1"]
+TEXT = HERE.parent / "tokenizer" / "assets" / "lfm2" / "LICENSE.lfm1.0.txt"
 TYPES = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
          "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16"]
 
@@ -42,7 +53,37 @@ def main() -> None:
     from gguf import GGUFReader
 
     out = {"tool": "llama-quantize (llama.cpp 0c1e570)", "cases": []}
+    bindir = args.llama_quantize.resolve().parent
+    imatrix_bin = next(p for p in [bindir / "llama-imatrix", bindir.parent / "build/bin/llama-imatrix"]
+                       if p.exists())
+
+    def record(fam, t, dst, imatrix=None):
+        data = dst.read_bytes()
+        reader = GGUFReader(str(dst))
+        case = {"family": fam, "type": t, "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "tensor_types": {x.name: x.tensor_type.name for x in reader.tensors}}
+        if imatrix:
+            case["imatrix"] = imatrix
+        out["cases"].append(case)
+        print(f"{fam} {t} {imatrix or ''}: {len(data)} bytes", file=sys.stderr)
+
     with tempfile.TemporaryDirectory() as tmp:
+        for fam in IMATRIX_FAMILIES:
+            inp = FIXTURES / fam / "model-f32.gguf"
+            for fmt in ["gguf", "dat"]:
+                name = f"{fam}.imatrix.{fmt}"
+                subprocess.run([str(imatrix_bin), "-m", str(inp), "-f", str(TEXT), "-o", name,
+                                "-c", "128", "--chunks", "8", "-t", "2", "--no-ppl",
+                                "--output-format", fmt],
+                               cwd=HERE, check=True, capture_output=True)
+            for t in IMATRIX_TYPES:
+                for fmt in ["gguf", "dat"] if t == "Q4_K_M" else ["gguf"]:
+                    name = f"{fam}.imatrix.{fmt}"
+                    dst = Path(tmp) / f"{fam}-{t}-imatrix.gguf"
+                    subprocess.run([str(args.llama_quantize), "--imatrix", name, str(inp),
+                                    str(dst), t], cwd=HERE, check=True, capture_output=True)
+                    record(fam, t, dst, name)
         for fam in FAMILIES:
             inp = FIXTURES / fam / "model-f32.gguf"
             for t in TYPES:
@@ -51,16 +92,7 @@ def main() -> None:
                                    capture_output=True, text=True)
                 if r.returncode != 0:
                     sys.exit(f"{fam} {t}: llama-quantize failed:\n{r.stderr[-2000:]}")
-                data = dst.read_bytes()
-                reader = GGUFReader(str(dst))
-                out["cases"].append({
-                    "family": fam,
-                    "type": t,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "tensor_types": {x.name: x.tensor_type.name for x in reader.tensors},
-                })
-                print(f"{fam} {t}: {len(data)} bytes", file=sys.stderr)
+                record(fam, t, dst)
     (HERE / "llama-quantize.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -132,6 +132,7 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
             shape,
             source,
             rows,
+            importance: None,
         });
     }
     let total_params: u64 = tensors
@@ -318,6 +319,7 @@ fn lfm3_rope_freqs(cfg: &ModelConfig) -> PlanTensor {
         dtype: DType::F32,
         source: Tensor::from_f32(vec![hd / 2], &f),
         rows: RowOrder::Same,
+        importance: None,
     }
 }
 

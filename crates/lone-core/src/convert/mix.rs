@@ -10,6 +10,7 @@
 
 use super::{FileType, Plan};
 use crate::error::{Error, Result};
+use crate::imatrix::Imatrix;
 use crate::loader::gguf::MetaValue;
 use crate::tensor::DType;
 
@@ -101,6 +102,7 @@ struct State {
     i_ffn_down: i64,
     n_gqa: u64,
     tied: bool,
+    has_imatrix: bool,
 }
 
 fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: usize) -> DType {
@@ -134,6 +136,9 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
             F::Q4KM if use_more_bits(i, n) => t = D::Q6K,
             F::Q5KM if use_more_bits(i, n) => t = D::Q6K,
             F::Q4KS if i < n / 8 => t = D::Q5K,
+            // With an imatrix, Q4_0/Q5_0 guard the first layers' ffn_down with a min.
+            F::Q4_0 if s.has_imatrix && i < n / 8 => t = D::Q4_1,
+            F::Q5_0 if s.has_imatrix && i < n / 8 => t = D::Q5_1,
             _ => {}
         }
         s.i_ffn_down += 1;
@@ -182,8 +187,13 @@ fn first_u64(v: Option<&MetaValue>) -> Option<u64> {
     }
 }
 
-/// `plan` as llama-quantize would write it at `ftype`.
-pub fn requantize(mut plan: Plan, ftype: FileType) -> Result<Plan> {
+/// `plan` as llama-quantize would write it at `ftype`, with `imatrix` (and the file name it is
+/// recorded under) as its `--imatrix`.
+pub fn requantize(
+    mut plan: Plan,
+    ftype: FileType,
+    imatrix: Option<(&Imatrix, &str)>,
+) -> Result<Plan> {
     let arch = plan
         .get("general.architecture")
         .and_then(|v| v.as_str())
@@ -201,6 +211,23 @@ pub fn requantize(mut plan: Plan, ftype: FileType) -> Result<Plan> {
     for k in ["split.no", "split.count", "split.tensors.count"] {
         plan.remove(k);
     }
+    if let Some((im, file)) = imatrix {
+        let short = |s: &str| s.chars().take(127).collect::<String>();
+        plan.set_last("quantize.imatrix.file", MetaValue::String(short(file)));
+        if let Some(d) = im.datasets.first() {
+            plan.set_last("quantize.imatrix.dataset", MetaValue::String(short(d)));
+        }
+        plan.set_last(
+            "quantize.imatrix.entries_count",
+            MetaValue::U32(im.entries.len() as u32),
+        );
+        if im.chunk_count > 0 {
+            plan.set_last(
+                "quantize.imatrix.chunks_count",
+                MetaValue::U32(im.chunk_count),
+            );
+        }
+    }
     plan.tensors
         .sort_by(|a, b| (layer_of(&a.name), &a.name).cmp(&(layer_of(&b.name), &b.name)));
 
@@ -215,6 +242,7 @@ pub fn requantize(mut plan: Plan, ftype: FileType) -> Result<Plan> {
         i_ffn_down: 0,
         n_gqa: n_head.checked_div(n_head_kv).unwrap_or(0),
         tied: !plan.tensors.iter().any(|t| t.name == "output.weight"),
+        has_imatrix: imatrix.is_some(),
     };
     let default = ftype.default_dtype();
     for t in &mut plan.tensors {
@@ -226,6 +254,24 @@ pub fn requantize(mut plan: Plan, ftype: FileType) -> Result<Plan> {
         } else {
             default
         };
+        if let Some((im, _)) = imatrix {
+            if t.dtype.is_quantized() {
+                if let Some(qw) = im.importance(&t.name) {
+                    if qw.len() != t.row_len() {
+                        if category(&t.name) != Category::TokenEmbd {
+                            return Err(Error::Config(format!(
+                                "imatrix size {} is different from tensor size {} for {}",
+                                qw.len(),
+                                t.row_len(),
+                                t.name
+                            )));
+                        }
+                    } else {
+                        t.importance = Some(std::sync::Arc::new(qw));
+                    }
+                }
+            }
+        }
     }
     Ok(plan)
 }

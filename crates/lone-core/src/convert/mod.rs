@@ -182,6 +182,8 @@ pub struct PlanTensor {
     pub dtype: DType,
     pub source: Tensor,
     pub rows: RowOrder,
+    /// Per-column importances (an imatrix row) for the quantizer, if any.
+    pub importance: Option<std::sync::Arc<Vec<f32>>>,
 }
 
 impl PlanTensor {
@@ -244,6 +246,7 @@ impl Plan {
                 dtype: info.dtype,
                 source,
                 rows: RowOrder::Same,
+                importance: None,
             });
         }
         Ok(plan)
@@ -376,7 +379,11 @@ fn encode(t: &PlanTensor, threads: usize) -> Result<Vec<u8>> {
                     for (k, dst) in chunk.chunks_mut(out_rb.max(1)).enumerate() {
                         let r = c * per + k;
                         src.row_to_f32(source_row(r), &mut row);
-                        quant::quantize_row(dtype, &row, dst).map_err(|e| {
+                        match &t.importance {
+                            Some(qw) => quant::quantize_row_weighted(dtype, &row, qw, dst),
+                            None => quant::quantize_row(dtype, &row, dst),
+                        }
+                        .map_err(|e| {
                             Error::Config(format!("tensor '{}' as {dtype}: {e}", t.name))
                         })?;
                     }
@@ -454,17 +461,23 @@ fn put_value(h: &mut Vec<u8>, v: &MetaValue) -> Result<()> {
     Ok(())
 }
 
-/// Convert `input` (a checkpoint directory or a GGUF file) to `ftype`.
-pub fn plan(input: &Path, ftype: FileType, opts: &hf::Options) -> Result<Plan> {
+/// Convert `input` (a checkpoint directory or a GGUF file) to `ftype`, with importances from
+/// `imatrix` (and the name it was given, recorded in the file as llama-quantize does).
+pub fn plan(
+    input: &Path,
+    ftype: FileType,
+    opts: &hf::Options,
+    imatrix: Option<(&crate::imatrix::Imatrix, &str)>,
+) -> Result<Plan> {
     if input.is_dir() {
-        if ftype.is_converter_type() {
+        if ftype.is_converter_type() && imatrix.is_none() {
             hf::plan(input, ftype, opts)
         } else {
             let base = hf::plan(input, FileType::F32, opts)?;
-            mix::requantize(base, ftype)
+            mix::requantize(base, ftype, imatrix)
         }
     } else {
         let g = GgufFile::open(input)?;
-        mix::requantize(Plan::from_gguf(&g)?, ftype)
+        mix::requantize(Plan::from_gguf(&g)?, ftype, imatrix)
     }
 }

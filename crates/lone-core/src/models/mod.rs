@@ -415,6 +415,7 @@ mod tests {
             b: Some(b.clone()),
             in_dim: h,
             out_dim: v,
+            name: None,
         };
         let xs: Vec<f32> = (0..n * h).map(|_| rng.f32()).collect();
         let exact: Vec<f32> = (0..n * v)

@@ -417,6 +417,7 @@ mod tests {
             b: None,
             in_dim: 1,
             out_dim: 1,
+            name: None,
         }
     }
 

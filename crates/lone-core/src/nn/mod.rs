@@ -26,6 +26,58 @@ pub struct Linear {
     pub b: Option<Vec<f32>>,
     pub in_dim: usize,
     pub out_dim: usize,
+    /// The weight's GGUF name (`blk.0.attn_q.weight`), under which [`activations`] records
+    /// its inputs.
+    pub name: Option<String>,
+}
+
+/// The sums of squares of every [`Linear`]'s input columns, by weight name, while recording:
+/// the statistics of an importance matrix (`lone imatrix`, llama-imatrix's `in_sum2` and
+/// `counts`). As llama-imatrix, passes of fewer than [`activations::MIN_ROWS`] rows are left
+/// out. Recording is process-wide and off unless started; off, it costs one atomic load per
+/// linear layer.
+pub mod activations {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    pub const MIN_ROWS: usize = 16;
+
+    /// Σx² per input column and the number of rows seen.
+    pub type Stats = BTreeMap<String, (Vec<f32>, u64)>;
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    static STATS: Mutex<Stats> = Mutex::new(BTreeMap::new());
+
+    pub fn start() {
+        STATS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        ON.store(true, Ordering::SeqCst);
+    }
+
+    /// Stop recording; what was recorded.
+    pub fn stop() -> Stats {
+        ON.store(false, Ordering::SeqCst);
+        std::mem::take(&mut *STATS.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn record(name: &str, x: &[f32], n: usize, dim: usize) {
+        if !ON.load(Ordering::Relaxed) || n < MIN_ROWS || dim == 0 {
+            return;
+        }
+        let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
+        let e = stats
+            .entry(name.to_string())
+            .or_insert_with(|| (vec![0.0; dim], 0));
+        if e.0.len() != dim {
+            return;
+        }
+        for row in x.chunks_exact(dim).take(n) {
+            for (a, &v) in e.0.iter_mut().zip(row) {
+                *a += v * v;
+            }
+        }
+        e.1 += n as u64;
+    }
 }
 
 impl Linear {
@@ -47,6 +99,7 @@ impl Linear {
             b,
             in_dim,
             out_dim,
+            name: crate::loader::hf_to_gguf_name(&format!("{prefix}.weight")),
         })
     }
 
@@ -57,11 +110,19 @@ impl Linear {
             b: None,
             in_dim,
             out_dim,
+            name: None,
+        }
+    }
+
+    fn record(&self, x: &[f32], n: usize) {
+        if let Some(name) = &self.name {
+            activations::record(name, x, n, self.in_dim);
         }
     }
 
     /// `n` rows of `in_dim` → `n` rows of `out_dim`.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.record(x, n);
         let mut y = vec![0.0; n * self.out_dim];
         kernels::matmul(&self.w, x, n, &mut y);
         self.add_bias(&mut y);
@@ -71,6 +132,9 @@ impl Linear {
     /// [`Linear::forward`] of several layers on the same input (q/k/v, gate/up): one
     /// [`kernels::matmul_many`], so a prefill packs the activations once for all of them.
     pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], n: usize) -> [Vec<f32>; N] {
+        for l in ls {
+            l.record(x, n);
+        }
         let mut ys: [Vec<f32>; N] = ls.map(|l| vec![0.0; n * l.out_dim]);
         let ws: [&Tensor; N] = ls.map(|l| &l.w);
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();

@@ -27,6 +27,10 @@ pub struct ConvertArgs {
     /// qwen2, smollm, lfm2, gpt-2, …).
     #[arg(long)]
     pub tokenizer_pre: Option<String>,
+    /// An importance matrix (from `lone imatrix` or llama-imatrix; GGUF or legacy .dat) for
+    /// the quantizers, as llama-quantize's --imatrix.
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
     /// Quantization threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -59,8 +63,25 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let opts = hf::Options {
         tokenizer_pre: a.tokenizer_pre.clone(),
     };
-    let plan = convert::plan(&a.input, a.out_type, &opts)
-        .with_context(|| format!("cannot convert {}", a.input.display()))?;
+    let imatrix = match &a.imatrix {
+        Some(p) => Some(
+            lone_core::imatrix::Imatrix::load(p)
+                .with_context(|| format!("cannot read the imatrix {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let imatrix_name = a
+        .imatrix
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let plan = convert::plan(
+        &a.input,
+        a.out_type,
+        &opts,
+        imatrix.as_ref().map(|i| (i, imatrix_name.as_str())),
+    )
+    .with_context(|| format!("cannot convert {}", a.input.display()))?;
     let total = plan.tensor_bytes() as u64;
     let n = plan.tensors.len();
     let start = Instant::now();

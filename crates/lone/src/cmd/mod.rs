@@ -4,6 +4,7 @@ pub mod chat;
 pub mod common;
 pub mod convert;
 pub mod hub;
+pub mod imatrix;
 pub mod inspect;
 pub mod model_info;
 pub mod perplexity;
