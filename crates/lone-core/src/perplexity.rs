@@ -73,6 +73,8 @@ pub struct KlResult {
     pub same_top: f64,
     /// Mean of p_model(token) − p_reference(token) for the actual next token.
     pub mean_dp: f64,
+    /// Mean cosine similarity of the logit rows.
+    pub cos_mean: f64,
     pub scored: usize,
 }
 
@@ -104,6 +106,7 @@ pub fn kl_divergence(
     let mut r = KlResult::default();
     let (mut nll, mut nll_ref, mut k, mut k2, mut same, mut dp) = (0.0, 0.0, 0.0, 0.0, 0usize, 0.0);
     let mut n = 0usize;
+    let mut cos = 0.0f64;
     for i in 0..n_chunks {
         let chunk = &tokens[i * ctx..(i + 1) * ctx];
         let (lm, lr) = (
@@ -122,6 +125,18 @@ pub fn kl_divergence(
             r.kld_max = r.kld_max.max(kl);
             same += (argmax(a) == argmax(b)) as usize;
             dp += pa[next].exp() - pb[next].exp();
+            let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
+            for (&x, &y) in a.iter().zip(b) {
+                let (x, y) = (x as f64, y as f64);
+                ab += x * y;
+                aa += x * x;
+                bb += y * y;
+            }
+            cos += if aa > 0.0 && bb > 0.0 {
+                ab / (aa.sqrt() * bb.sqrt())
+            } else {
+                0.0
+            };
             n += 1;
         }
         on_chunk(i, k / n as f64);
@@ -138,6 +153,7 @@ pub fn kl_divergence(
     };
     r.same_top = same as f64 / nf;
     r.mean_dp = dp / nf;
+    r.cos_mean = cos / nf;
     r.scored = n;
     Ok(r)
 }

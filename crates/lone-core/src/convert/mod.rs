@@ -15,6 +15,7 @@ pub mod hf;
 pub mod mix;
 pub mod naming;
 mod pre_table;
+pub mod search;
 pub mod vocab;
 
 use std::io::{BufWriter, Write};

@@ -13,7 +13,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::Result;
 use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Mlp, Operator, RmsNorm, Row, ShortConv};
+use crate::nn::{Attention, AttentionSpec, Linear, Mlp, Operator, RmsNorm, Row, ShortConv};
 
 /// One LFM decoder layer: a sequence-mixing operator and a SwiGLU FFN, each pre-normed and
 /// added to the residual stream; LFM3 also norms each output ("sandwich" norms).
@@ -76,6 +76,12 @@ impl Layer for HybridLayer {
             n.forward(&mut m);
         }
         add_inplace(x, &m);
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = self.operator.linears_mut();
+        v.extend(self.feed_forward.linears_mut());
+        v
     }
 }
 

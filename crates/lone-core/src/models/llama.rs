@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Mlp, RmsNorm, Row};
+use crate::nn::{Attention, AttentionSpec, Linear, Mlp, RmsNorm, Row};
 
 pub struct DecoderLayer {
     input_layernorm: RmsNorm,
@@ -30,6 +30,12 @@ impl Layer for DecoderLayer {
         let h = self.post_attention_layernorm.apply(x);
         let m = self.mlp.forward(&h, n);
         add_inplace(x, &m);
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = self.self_attn.linears_mut();
+        v.extend(self.mlp.linears_mut());
+        v
     }
 }
 

@@ -71,6 +71,9 @@ pub struct ForwardOutput {
 /// One decoder layer: updates the residual stream `x` (`[n, hidden]`) in place.
 pub trait Layer: Send + Sync {
     fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize);
+    /// Every weight matrix of the layer (to swap a tensor's format, `lone convert
+    /// --target-bpw`).
+    fn linears_mut(&mut self) -> Vec<&mut Linear>;
 }
 
 /// A loaded model.
@@ -125,7 +128,11 @@ impl Model {
             Some(_) if !cfg.tie_embeddings => {
                 Linear::load(&ws, "lm_head", cfg.hidden_size, cfg.vocab_size, false)?
             }
-            _ => Linear::from_tensor(embed.t.clone()),
+            _ => {
+                let mut head = Linear::from_tensor(embed.t.clone());
+                head.name = Some("token_embd.weight".into());
+                head
+            }
         };
         Ok(Model {
             cfg,

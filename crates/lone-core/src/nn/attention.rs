@@ -44,6 +44,16 @@ pub struct Attention {
 }
 
 impl Attention {
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        if let Some(g) = self.gate.as_mut() {
+            v.push(g);
+        }
+        v
+    }
+}
+
+impl Attention {
     pub fn load(ws: &Weights, s: &AttentionSpec) -> Result<Attention> {
         let p = s.prefix;
         let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);

@@ -207,6 +207,13 @@ pub enum Operator {
 }
 
 impl Operator {
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Operator::Conv(c) => vec![&mut c.in_proj, &mut c.out_proj],
+            Operator::Attention(a) => a.linears_mut(),
+        }
+    }
+
     pub fn forward(
         &self,
         x: &[f32],
@@ -229,6 +236,10 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        vec![&mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// `names` = (gate, up, down) module names under `prefix`.
     pub fn load(
         ws: &Weights,

@@ -31,6 +31,21 @@ pub struct ConvertArgs {
     /// the quantizers, as llama-quantize's --imatrix.
     #[arg(long)]
     pub imatrix: Option<PathBuf>,
+    /// Choose each weight matrix's type to minimise the measured KL divergence of the logits
+    /// (on --calibration text) within this many bits per weight (whole file). See
+    /// docs/quantization.md for the method.
+    #[arg(long, requires = "calibration")]
+    pub target_bpw: Option<f64>,
+    /// Calibration text for --target-bpw (UTF-8).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Tokens per calibration chunk (--target-bpw).
+    #[arg(long, default_value_t = 128)]
+    pub calibration_ctx: usize,
+    /// Calibration chunks (--target-bpw): each candidate type of each tensor is measured on
+    /// all of them.
+    #[arg(long, default_value_t = 2)]
+    pub calibration_chunks: usize,
     /// Quantization threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -75,13 +90,67 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let plan = convert::plan(
+    let out_type = match a.target_bpw {
+        // The base mix (for the tensors the search leaves alone, and general.file_type).
+        Some(b) if b < 5.0 => FileType::Q4KM,
+        Some(b) if b < 6.0 => FileType::Q5KM,
+        Some(_) => FileType::Q6K,
+        None => a.out_type,
+    };
+    let mut plan = convert::plan(
         &a.input,
-        a.out_type,
+        out_type,
         &opts,
         imatrix.as_ref().map(|i| (i, imatrix_name.as_str())),
     )
     .with_context(|| format!("cannot convert {}", a.input.display()))?;
+    if let (Some(b), Some(cal)) = (a.target_bpw, &a.calibration) {
+        if !(1.0..=32.0).contains(&b) {
+            bail!("--target-bpw {b}: give a number of bits per weight between 1 and 32");
+        }
+        let text = std::fs::read_to_string(cal)
+            .with_context(|| format!("cannot read the calibration text {}", cal.display()))?;
+        let mut model = super::common::load_model(&a.input, a.threads)?;
+        let mut io =
+            lone_core::text::TextIo::load(&model, &a.input).context("cannot load the tokenizer")?;
+        io.tokenizer.set_special_as_text(true);
+        let tokens = io.encode_raw(&text)?;
+        let so = lone_core::convert::search::SearchOptions {
+            target_bpw: b,
+            tokens: &tokens,
+            ctx: a.calibration_ctx,
+            chunks: a.calibration_chunks,
+            imatrix: imatrix.as_ref(),
+        };
+        let t0 = Instant::now();
+        let (p, report) =
+            lone_core::convert::search::target_bpw(&mut model, plan, &so, &mut |done, total| {
+                eprint!("\rmeasuring tensor types: {done}/{total}")
+            })?;
+        eprintln!();
+        let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+        for t in report.chosen.values() {
+            *counts.entry(t.name().to_string()).or_default() += 1;
+        }
+        eprintln!(
+            "target {b} bpw: {:.3} bpw, KL {:.6} (estimate {:.6}) after {} measurements in {:.1} s; types: {}",
+            report.bpw,
+            report.kl_measured,
+            report.kl_estimate,
+            report.measurements,
+            t0.elapsed().as_secs_f64(),
+            counts
+                .iter()
+                .map(|(t, n)| format!("{t}×{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        plan = p;
+        plan.set(
+            "quantize.target_bpw",
+            lone_core::loader::gguf::MetaValue::F32(b as f32),
+        );
+    }
     let total = plan.tensor_bytes() as u64;
     let n = plan.tensors.len();
     let start = Instant::now();
@@ -125,7 +194,10 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     eprintln!(
         "wrote {}: {} ({}), {n} tensors, {:.1} MiB, {:.2} bits per weight, in {:.1} s",
         a.out.display(),
-        a.out_type.name(),
+        match a.target_bpw {
+            Some(b) => format!("--target-bpw {b}"),
+            None => a.out_type.name().to_string(),
+        },
         plan.get("general.architecture")
             .and_then(|v| v.as_str())
             .unwrap_or("?"),

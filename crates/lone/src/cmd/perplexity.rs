@@ -85,7 +85,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
                     "model": path.display().to_string(), "reference": rpath.display().to_string(),
                     "ppl": r.ppl, "ppl_reference": r.ppl_reference, "ppl_ratio": r.ppl / r.ppl_reference,
                     "kld_mean": r.kld_mean, "kld_stderr": r.kld_stderr, "kld_max": r.kld_max,
-                    "same_top": r.same_top, "mean_dp": r.mean_dp, "scored_tokens": r.scored,
+                    "same_top": r.same_top, "mean_dp": r.mean_dp, "cos_mean": r.cos_mean, "scored_tokens": r.scored,
                 })
             );
         } else {
@@ -101,9 +101,10 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
                 r.kld_mean, r.kld_stderr, r.kld_max
             );
             println!(
-                "Same top p: {:.3} %  Mean Δp: {:.3} %",
+                "Same top p: {:.3} %  Mean Δp: {:.3} %  Mean logits cosine: {:.6}",
                 100.0 * r.same_top,
-                100.0 * r.mean_dp
+                100.0 * r.mean_dp,
+                r.cos_mean
             );
         }
         return Ok(());
