@@ -60,12 +60,14 @@ fn parse_type(s: &str) -> Result<FileType, String> {
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
-    if !a.input.exists() {
+    if !a.input.exists() && crate::hub::RepoRef::parse(&a.input.to_string_lossy()).is_none() {
         bail!(
-            "{}: no such file or directory (give a checkpoint directory or a GGUF file)",
+            "{}: no such file or directory (give a checkpoint directory, a GGUF file or a Hub repo id)",
             a.input.display()
         );
     }
+    let mut a = a;
+    a.input = super::common::local_model(&a.input)?;
     if a.out.exists() && !a.force {
         bail!("{} exists; pass --force to overwrite it", a.out.display());
     }
