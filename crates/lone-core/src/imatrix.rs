@@ -71,25 +71,8 @@ impl Imatrix {
         mut on_chunk: impl FnMut(usize),
     ) -> Result<Imatrix> {
         let (ctx, bos, process_output) = (opts.ctx, opts.bos, opts.process_output);
-        if ctx < activations::MIN_ROWS {
-            return Err(Error::Input(format!(
-                "the context must be at least {} tokens (shorter passes are not counted), got {ctx}",
-                activations::MIN_ROWS
-            )));
-        }
-        if ctx > model.cfg.max_position_embeddings {
-            return Err(Error::Input(format!(
-                "the context {ctx} is longer than the model's ({} positions)",
-                model.cfg.max_position_embeddings
-            )));
-        }
-        if tokens.len() < 2 * ctx {
-            return Err(Error::Input(format!(
-                "the text has {} tokens; an imatrix with a context of {ctx} needs at least {} (2 × ctx, as llama-imatrix): give more text or a smaller --ctx",
-                tokens.len(),
-                2 * ctx
-            )));
-        }
+        // Passes shorter than MIN_ROWS are not counted, so no chunk may be.
+        crate::perplexity::check_chunks(model, tokens, ctx, activations::MIN_ROWS, "an imatrix")?;
         let n_chunks = (tokens.len() / ctx).min(opts.chunks.unwrap_or(usize::MAX));
         activations::start();
         let run = (|| -> Result<()> {

@@ -158,7 +158,8 @@ pub fn kl_divergence(
     Ok(r)
 }
 
-fn log_probs(row: &[f32]) -> Vec<f64> {
+/// The log-softmax of a logit row, in f64.
+pub(crate) fn log_probs(row: &[f32]) -> Vec<f64> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = row
         .iter()
@@ -179,17 +180,18 @@ fn argmax(row: &[f32]) -> usize {
         .0
 }
 
-/// The perplexity of `model` on `tokens`; `on_chunk(i, running)` after each chunk.
-pub fn perplexity(
+/// llama.cpp's rules for cutting a text into chunks of `ctx` tokens: at least `min_ctx`, no
+/// longer than the model's context, and at least two chunks of text (`what` names the tool).
+pub(crate) fn check_chunks(
     model: &Model,
     tokens: &[u32],
-    opt: &PerplexityOptions,
-    mut on_chunk: impl FnMut(usize, f64),
-) -> Result<PerplexityResult> {
-    let ctx = opt.ctx;
-    if ctx < 4 {
+    ctx: usize,
+    min_ctx: usize,
+    what: &str,
+) -> Result<()> {
+    if ctx < min_ctx {
         return Err(Error::Input(format!(
-            "the context must be at least 4 tokens, got {ctx}"
+            "the context must be at least {min_ctx} tokens, got {ctx}"
         )));
     }
     if ctx > model.cfg.max_position_embeddings {
@@ -200,11 +202,23 @@ pub fn perplexity(
     }
     if tokens.len() < 2 * ctx {
         return Err(Error::Input(format!(
-            "the text has {} tokens; perplexity with a context of {ctx} needs at least {} (2 × ctx): give more text or a smaller --ctx",
+            "the text has {} tokens; {what} with a context of {ctx} needs at least {} (2 × ctx): give more text or a smaller --ctx",
             tokens.len(),
             2 * ctx
         )));
     }
+    Ok(())
+}
+
+/// The perplexity of `model` on `tokens`; `on_chunk(i, running)` after each chunk.
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    opt: &PerplexityOptions,
+    mut on_chunk: impl FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    let ctx = opt.ctx;
+    check_chunks(model, tokens, ctx, 4, "perplexity")?;
     let v = model.cfg.vocab_size;
     let n_chunks = (tokens.len() / ctx).min(opt.chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;

@@ -181,6 +181,21 @@ fn dot_matches_float64_within_summation_bound() {
     }
 }
 
+/// Panics at the first byte of row `r` that differs, naming its block and offset.
+fn assert_same_bytes(case: &Case, r: usize, got: &[u8], want: &[u8]) {
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let bb = case.dtype.block_bytes();
+        panic!(
+            "{} row {r}: byte {i} (block {}, offset {}) is {:#04x}, want {:#04x}",
+            case.file,
+            i / bb,
+            i % bb,
+            got[i],
+            want[i]
+        );
+    }
+}
+
 /// Quantization is byte-for-byte ggml's `quantize_row_*_ref` (via gguf-py, whose numpy code
 /// does the same f32 operations, the generator's numpy ports for Q8_1 and Q8_K, or ggml's C
 /// itself for Q2_K..Q6_K).
@@ -193,17 +208,7 @@ fn quantize_matches_reference_byte_for_byte() {
         for (r, (x, want)) in src.chunks(case.n).zip(case.blocks().chunks(rb)).enumerate() {
             let mut got = vec![0xa5u8; rb];
             quant::quantize_row(case.dtype, x, &mut got).unwrap();
-            if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-                let bb = case.dtype.block_bytes();
-                panic!(
-                    "{} row {r}: byte {i} (block {}, offset {}) is {:#04x}, want {:#04x}",
-                    case.file,
-                    i / bb,
-                    i % bb,
-                    got[i],
-                    want[i]
-                );
-            }
+            assert_same_bytes(&case, r, &got, want);
         }
         checked += 1;
     }
@@ -227,17 +232,7 @@ fn weighted_quantize_matches_ggml_byte_for_byte() {
         for (r, (x, want)) in src.chunks(case.n).zip(case.blocks().chunks(rb)).enumerate() {
             let mut got = vec![0xa5u8; rb];
             quant::quantize_row_weighted(case.dtype, x, &qw, &mut got).unwrap();
-            if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-                let bb = case.dtype.block_bytes();
-                panic!(
-                    "{} row {r}: byte {i} (block {}, offset {}) is {:#04x}, want {:#04x}",
-                    case.file,
-                    i / bb,
-                    i % bb,
-                    got[i],
-                    want[i]
-                );
-            }
+            assert_same_bytes(&case, r, &got, want);
         }
         types.push(case.dtype);
     }

@@ -203,11 +203,38 @@ def quantize(name: str, src: np.ndarray) -> np.ndarray:
     return quants.quantize(src, T[name]).view(np.uint8).reshape(-1)
 
 
+def finish_case(rng: np.random.Generator, case: dict, src, raw: np.ndarray, qw=None) -> dict:
+    """The sections every case has: dequantization (gguf-py), activations, dots, magnitudes."""
+    name, rows, n = case["type"], case["rows"], case["n"]
+    deq = dequantize(name, raw, rows, n)
+    x = rng.standard_normal(n).astype(np.float32)
+    prod = deq.astype(np.float64) * x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = prod.sum(axis=1)
+        mags = np.abs(prod).sum(axis=1)
+    sections: dict[str, bytes] = {}
+    if src is not None:
+        sections["src"] = src.astype("<f4").tobytes()
+    if qw is not None:
+        sections["qw"] = qw.astype("<f4").tobytes()
+    sections["blocks"] = raw.tobytes()
+    sections["deq"] = deq.astype("<f4").tobytes()
+    sections["x"] = x.astype("<f4").tobytes()
+    sections["dots"] = dots.astype("<f8").tobytes()
+    sections["mags"] = mags.astype("<f8").tobytes()
+    blob = b""
+    for key, data in sections.items():
+        case[key] = [len(blob), len(data)]
+        blob += data
+    case["_blob"] = blob
+    case["_arrays"] = (src, raw, deq)
+    return case
+
+
 def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
     _, bs, bb = FORMATS[name]
     assert n % bs == 0
     case = {"type": name, "rows": rows, "n": n}
-    sections: dict[str, bytes] = {}
     if name == "F32":
         src = activation_like(rng, rows, n, bs)
         raw = src.reshape(-1).view(np.uint8)
@@ -231,27 +258,8 @@ def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
         case["source"] = f"quantized by {origin}; dequantized by {origin}"
         case["quantize"] = True
     assert raw.size == rows * n // bs * bb, (name, raw.size)
-    deq = dequantize(name, raw, rows, n)
-    x = rng.standard_normal(n).astype(np.float32)
-    prod = deq.astype(np.float64) * x.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        dots = prod.sum(axis=1)
-        mags = np.abs(prod).sum(axis=1)
-    if src is not None:
-        sections["src"] = src.astype("<f4").tobytes()
-    sections["blocks"] = raw.tobytes()
-    sections["deq"] = deq.astype("<f4").tobytes()
-    sections["x"] = x.astype("<f4").tobytes()
-    sections["dots"] = dots.astype("<f8").tobytes()
-    sections["mags"] = mags.astype("<f8").tobytes()
-    blob = b""
-    for key, data in sections.items():
-        case[key] = [len(blob), len(data)]
-        blob += data
     case["file"] = f"{name.lower()}_{rows}x{n}.bin"
-    case["_blob"] = blob
-    case["_arrays"] = (src, raw, deq)
-    return case
+    return finish_case(rng, case, src, raw)
 
 
 # ------------------------------------------------------------------ optional ggml C check
@@ -316,25 +324,11 @@ def make_kquant_quantize_case(rng: np.random.Generator, c: ctypes.CDLL, name: st
     getattr(c, f"quantize_row_{name.lower().replace('_k', '_K')}_ref")(
         x.ctypes.data_as(ctypes.c_void_p), raw.ctypes.data_as(ctypes.c_void_p),
         ctypes.c_int64(rows * n))
-    deq = dequantize(name, raw, rows, n)
-    xa = rng.standard_normal(n).astype(np.float32)
-    prod = deq.astype(np.float64) * xa.astype(np.float64)
-    sections = {"src": src.astype("<f4").tobytes(), "blocks": raw.tobytes(),
-                "deq": deq.astype("<f4").tobytes(), "x": xa.astype("<f4").tobytes(),
-                "dots": prod.sum(axis=1).astype("<f8").tobytes(),
-                "mags": np.abs(prod).sum(axis=1).astype("<f8").tobytes()}
     case = {"type": name, "rows": rows, "n": n,
             "source": "quantized by ggml's quantize_row_*_ref (C, -ffp-contract=off); "
                       "dequantized by gguf-py",
-            "quantize": True}
-    blob = b""
-    for key, data in sections.items():
-        case[key] = [len(blob), len(data)]
-        blob += data
-    case["file"] = f"{name.lower()}_quant_{rows}x{n}.bin"
-    case["_blob"] = blob
-    case["_arrays"] = (src, raw, deq)
-    return case
+            "quantize": True, "file": f"{name.lower()}_quant_{rows}x{n}.bin"}
+    return finish_case(rng, case, src, raw)
 
 
 WEIGHTED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
@@ -356,26 +350,11 @@ def make_weighted_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
     got = fn(x.ctypes.data_as(ctypes.c_void_p), raw.ctypes.data_as(ctypes.c_void_p),
              ctypes.c_int64(rows), ctypes.c_int64(n), qw.ctypes.data_as(ctypes.c_void_p))
     assert got == raw.size, (name, got, raw.size)
-    deq = dequantize(name, raw, rows, n)
-    xa = rng.standard_normal(n).astype(np.float32)
-    prod = deq.astype(np.float64) * xa.astype(np.float64)
-    sections = {"src": src.astype("<f4").tobytes(), "qw": qw.astype("<f4").tobytes(),
-                "blocks": raw.tobytes(), "deq": deq.astype("<f4").tobytes(),
-                "x": xa.astype("<f4").tobytes(),
-                "dots": prod.sum(axis=1).astype("<f8").tobytes(),
-                "mags": np.abs(prod).sum(axis=1).astype("<f8").tobytes()}
     case = {"type": name, "rows": rows, "n": n,
             "source": "quantized by ggml's quantize_* with quant_weights (C, "
                       "-ffp-contract=off); dequantized by gguf-py",
-            "quantize": False, "weighted": True}
-    blob = b""
-    for key, data in sections.items():
-        case[key] = [len(blob), len(data)]
-        blob += data
-    case["file"] = f"{name.lower()}_imatrix_{rows}x{n}.bin"
-    case["_blob"] = blob
-    case["_arrays"] = (src, raw, deq)
-    return case
+            "quantize": False, "weighted": True, "file": f"{name.lower()}_imatrix_{rows}x{n}.bin"}
+    return finish_case(rng, case, src, raw, qw)
 
 
 def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:

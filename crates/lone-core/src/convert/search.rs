@@ -73,15 +73,8 @@ fn candidates(row_len: usize) -> Vec<DType> {
 }
 
 fn log_softmax(row: &[f32], out: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    for (o, &l) in out.iter_mut().zip(row) {
-        *o = (l as f64 - lse) as f32;
+    for (o, l) in out.iter_mut().zip(crate::perplexity::log_probs(row)) {
+        *o = l as f32;
     }
 }
 

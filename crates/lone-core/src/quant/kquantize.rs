@@ -18,11 +18,11 @@
 use super::float::{f16_to_f32, f32_to_f16};
 use super::kquants::{nearest_int, QK_K};
 
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
-/// `make_qx_quants` (rmse_type 1): symmetric levels in `[-nmax, nmax)`, stored offset by
-/// `nmax`, fitted with weights `qw` (x² without); returns the scale.
-pub(crate) fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+/// The element of largest magnitude (the first of equals), or None when the group is all
+/// (nearly) zero.
+fn signed_max(x: &[f32]) -> Option<f32> {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {
@@ -31,10 +31,16 @@ pub(crate) fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], qw: Option<
             max = v;
         }
     }
-    if amax < GROUP_MAX_EPS {
+    (amax >= GROUP_MAX_EPS).then_some(max)
+}
+
+/// `make_qx_quants` (rmse_type 1): symmetric levels in `[-nmax, nmax)`, stored offset by
+/// `nmax`, fitted with weights `qw` (x² without); returns the scale.
+pub(crate) fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+    let Some(max) = signed_max(x) else {
         l_out.fill(0);
         return 0.0;
-    }
+    };
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
     let mut iscale = -(nmax as f32) / max;
     let mut sumlx = 0.0f32;
@@ -76,18 +82,10 @@ pub(crate) fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], qw: Option<
 /// `make_q3_quants(.., do_rmse = true)`: levels in `[-nmax, nmax)` (stored offset by nmax),
 /// refined one element at a time while that lowers the x²-weighted error.
 fn make_q3_quants(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let Some(max) = signed_max(x) else {
         l_out.fill(0);
         return 0.0;
-    }
+    };
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
     let iscale = -(nmax as f32) / max;
     let mut sumlx = 0.0f32;
@@ -242,6 +240,183 @@ pub(crate) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+// ------------------------------------------------------------------ shared tails
+// What every Q2_K..Q6_K quantizer does once its (sub-block) scales are chosen, with or
+// without an imatrix: re-round the values with the stored scales and pack the levels.
+
+/// Q4_K/Q5_K: the levels `0..=nmax` of `x` under the d, dmin and scales already in `head`
+/// (16 bytes); sub-blocks whose scale is 0 keep the fit's levels in `l`.
+pub(crate) fn k4_levels(x: &[f32], head: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
+    let df = f16_to_f32([head[0], head[1]]);
+    let dminf = f16_to_f32([head[2], head[3]]);
+    for j in 0..8 {
+        let (sc, m) = get_scale_min_k4(j, &head[4..16]);
+        let dd = df * sc as f32;
+        if dd == 0.0 {
+            continue;
+        }
+        let dm = dminf * m as f32;
+        for ii in 0..32 {
+            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dd).clamp(0, nmax) as u8;
+        }
+    }
+}
+
+/// Q4_K's 128 bytes of nibbles.
+pub(crate) fn pack_q4_k(l: &[u8; QK_K], q: &mut [u8]) {
+    for (c, j) in (0..QK_K).step_by(64).enumerate() {
+        for i in 0..32 {
+            q[32 * c + i] = l[j + i] | (l[j + i + 32] << 4);
+        }
+    }
+}
+
+/// Q5_K's 32 bytes of high bits then 128 bytes of nibbles.
+pub(crate) fn pack_q5_k(l: &[u8; QK_K], out: &mut [u8]) {
+    let (qh, ql) = out.split_at_mut(32);
+    qh.fill(0);
+    let (mut m1, mut m2) = (1u8, 2u8);
+    for (c, n) in (0..QK_K).step_by(64).enumerate() {
+        for j in 0..32 {
+            let mut l1 = l[n + j];
+            if l1 > 15 {
+                l1 -= 16;
+                qh[j] |= m1;
+            }
+            let mut l2 = l[n + j + 32];
+            if l2 > 15 {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            ql[32 * c + j] = l1 | (l2 << 4);
+        }
+        m1 <<= 2;
+        m2 <<= 2;
+    }
+}
+
+/// Q2_K after its scale bytes (0..16), d (80) and dmin (82) are set: the 2-bit levels and
+/// their packing into bytes 16..80.
+pub(crate) fn q2_k_finish(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K]) {
+    let d = f16_to_f32([b[80], b[81]]);
+    let dmin = f16_to_f32([b[82], b[83]]);
+    for j in 0..16 {
+        let dd = d * (b[j] & 0xF) as f32;
+        if dd == 0.0 {
+            continue;
+        }
+        let dm = dmin * (b[j] >> 4) as f32;
+        for ii in 0..16 {
+            l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / dd).clamp(0, 3) as u8;
+        }
+    }
+    for (c, j) in (0..QK_K).step_by(128).enumerate() {
+        for i in 0..32 {
+            b[16 + 32 * c + i] =
+                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+        }
+    }
+}
+
+/// Q3_K's 12 scale bytes (96..108) from 16 six-bit values `0..=63`.
+pub(crate) fn pack_q3_k_scales(vals: &[i32; 16], b: &mut [u8]) {
+    let sc = &mut b[96..108];
+    sc.fill(0);
+    for (j, &v) in vals.iter().enumerate() {
+        if j < 8 {
+            sc[j] = (v & 0xF) as u8;
+        } else {
+            sc[j - 8] |= ((v & 0xF) << 4) as u8;
+        }
+        sc[j % 4 + 8] |= ((v >> 4) << (2 * (j / 4))) as u8;
+    }
+}
+
+/// Q3_K after its scales (96..108) and d (108) are set: the levels, the high-bit mask
+/// (0..32) and the low bits (32..96).
+pub(crate) fn q3_k_finish(x: &[f32], b: &mut [u8], l: &mut [i8; QK_K]) {
+    let d = f16_to_f32([b[108], b[109]]);
+    let (hmask, rest) = b.split_at_mut(32);
+    let (qs, sc) = rest.split_at_mut(64);
+    for j in 0..16 {
+        let lo = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 } as i8;
+        let s = (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) as i8) - 32;
+        let dd = d * s as f32;
+        if dd == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            l[16 * j + ii] = (nearest_int(x[16 * j + ii] / dd).clamp(-4, 3) + 4) as i8;
+        }
+    }
+    hmask.fill(0);
+    let (mut m, mut hm) = (0usize, 1u8);
+    for lj in l.iter_mut() {
+        if *lj > 3 {
+            hmask[m] |= hm;
+            *lj -= 4;
+        }
+        m += 1;
+        if m == QK_K / 8 {
+            m = 0;
+            hm <<= 1;
+        }
+    }
+    for (c, j) in (0..QK_K).step_by(128).enumerate() {
+        for i in 0..32 {
+            let q = |k: usize| l[j + i + k] as u8;
+            qs[32 * c + i] = q(0) | (q(32) << 2) | (q(64) << 4) | (q(96) << 6);
+        }
+    }
+}
+
+/// Q6_K from its 16 sub-block scales: the 8-bit scales against the largest, d, the levels
+/// and their packing. An all-zero block is all zero bytes.
+pub(crate) fn q6_k_finish(x: &[f32], scales: &[f32; 16], l: &mut [i8; QK_K], b: &mut [u8]) {
+    let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+    for &s in scales {
+        if s.abs() > max_abs_scale {
+            max_abs_scale = s.abs();
+            max_scale = s;
+        }
+    }
+    if max_abs_scale < GROUP_MAX_EPS {
+        b[..210].fill(0);
+        return;
+    }
+    let iscale = -128.0f32 / max_scale;
+    let d = f32_to_f16(1.0 / iscale);
+    b[208..210].copy_from_slice(&d);
+    let mut sc = [0i8; 16];
+    for (ib, s) in sc.iter_mut().enumerate() {
+        *s = nearest_int(iscale * scales[ib]).min(127) as i8;
+        b[192 + ib] = *s as u8;
+    }
+    let df = f16_to_f32(d);
+    for (j, &s) in sc.iter().enumerate() {
+        let dd = df * s as f32;
+        if dd == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            l[16 * j + ii] = (nearest_int(x[16 * j + ii] / dd).clamp(-32, 31) + 32) as i8;
+        }
+    }
+    let (ql, rest) = b.split_at_mut(128);
+    let qh = &mut rest[..64];
+    for (c, j) in (0..QK_K).step_by(128).enumerate() {
+        for i in 0..32 {
+            let q = |k: usize| l[j + i + k] as u8;
+            ql[64 * c + i] = (q(0) & 0xF) | ((q(64) & 0xF) << 4);
+            ql[64 * c + i + 32] = (q(32) & 0xF) | ((q(96) & 0xF) << 4);
+            qh[32 * c + i] =
+                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ reference quantizers
+
 /// The sub-block fits of Q4_K (nmax 15) and Q5_K (nmax 31), their 6-bit scales and mins,
 /// and the final levels; writes d, dmin and the scales, returns the levels.
 fn qkx_super_block(
@@ -298,61 +473,23 @@ fn qkx_super_block(
         ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
         lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
     }
-    let d = f32_to_f16(max_scale / 63.0);
-    let dmin = f32_to_f16(max_min / 63.0);
-    head[0..2].copy_from_slice(&d);
-    head[2..4].copy_from_slice(&dmin);
+    head[0..2].copy_from_slice(&f32_to_f16(max_scale / 63.0));
+    head[2..4].copy_from_slice(&f32_to_f16(max_min / 63.0));
     pack_scale_min_k4(&ls, &lm, &mut head[4..16]);
-    let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
-    for j in 0..8 {
-        let (sc, m) = get_scale_min_k4(j, &head[4..16]);
-        let dd = df * sc as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        let dm = dminf * m as f32;
-        for ii in 0..32 {
-            let v = nearest_int((x[32 * j + ii] + dm) / dd).clamp(0, nmax);
-            l[32 * j + ii] = v as u8;
-        }
-    }
+    k4_levels(x, head, nmax, &mut l);
     l
 }
 
 /// `quantize_row_q4_K_ref` for one super-block.
 pub(crate) fn quant_q4_k(x: &[f32; QK_K], b: &mut [u8; 144]) {
     let l = qkx_super_block(x, 15, -1.0, 20, &mut b[..16]);
-    let q = &mut b[16..];
-    for (c, j) in (0..QK_K).step_by(64).enumerate() {
-        for i in 0..32 {
-            q[32 * c + i] = l[j + i] | (l[j + i + 32] << 4);
-        }
-    }
+    pack_q4_k(&l, &mut b[16..]);
 }
 
 /// `quantize_row_q5_K_ref` for one super-block.
 pub(crate) fn quant_q5_k(x: &[f32; QK_K], b: &mut [u8; 176]) {
     let l = qkx_super_block(x, 31, -0.5, 15, &mut b[..16]);
-    let (qh, ql) = b[16..].split_at_mut(32);
-    qh.fill(0);
-    let (mut m1, mut m2) = (1u8, 2u8);
-    for (c, n) in (0..QK_K).step_by(64).enumerate() {
-        for j in 0..32 {
-            let mut l1 = l[n + j];
-            if l1 > 15 {
-                l1 -= 16;
-                qh[j] |= m1;
-            }
-            let mut l2 = l[n + j + 32];
-            if l2 > 15 {
-                l2 -= 16;
-                qh[j] |= m2;
-            }
-            ql[32 * c + j] = l1 | (l2 << 4);
-        }
-        m1 <<= 2;
-        m2 <<= 2;
-    }
+    pack_q5_k(&l, &mut b[16..]);
 }
 
 /// `quantize_row_q2_K_ref` for one super-block.
@@ -388,46 +525,26 @@ pub(crate) fn quant_q2_k(x: &[f32; QK_K], b: &mut [u8; 84]) {
         }
     }
     let q4scale = 15.0f32;
-    let (sc, rest) = b.split_at_mut(16);
     if max_scale > 0.0 {
         let iscale = q4scale / max_scale;
         for j in 0..16 {
-            sc[j] = nearest_int(iscale * scales[j]) as u8;
+            b[j] = nearest_int(iscale * scales[j]) as u8;
         }
-        rest[64..66].copy_from_slice(&f32_to_f16(max_scale / q4scale));
+        b[80..82].copy_from_slice(&f32_to_f16(max_scale / q4scale));
     } else {
-        sc.fill(0);
-        rest[64..66].copy_from_slice(&f32_to_f16(0.0));
+        b[..16].fill(0);
+        b[80..82].copy_from_slice(&f32_to_f16(0.0));
     }
     if max_min > 0.0 {
         let iscale = q4scale / max_min;
         for j in 0..16 {
-            let lm = nearest_int(iscale * mins[j]);
-            sc[j] |= (lm << 4) as u8;
+            b[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
         }
-        rest[66..68].copy_from_slice(&f32_to_f16(max_min / q4scale));
+        b[82..84].copy_from_slice(&f32_to_f16(max_min / q4scale));
     } else {
-        rest[66..68].copy_from_slice(&f32_to_f16(0.0));
+        b[82..84].copy_from_slice(&f32_to_f16(0.0));
     }
-    let d = f16_to_f32([rest[64], rest[65]]);
-    let dmin = f16_to_f32([rest[66], rest[67]]);
-    for j in 0..16 {
-        let dd = d * (sc[j] & 0xF) as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        let dm = dmin * (sc[j] >> 4) as f32;
-        for ii in 0..16 {
-            l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / dd).clamp(0, 3) as u8;
-        }
-    }
-    let qs = &mut rest[..64];
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            qs[32 * c + i] =
-                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
-        }
-    }
+    q2_k_finish(x, b, &mut l);
 }
 
 /// `quantize_row_q3_K_ref` for one super-block.
@@ -444,112 +561,27 @@ pub(crate) fn quant_q3_k(x: &[f32; QK_K], b: &mut [u8; 110]) {
             max_scale = scales[j];
         }
     }
-    let (hmask, rest) = b.split_at_mut(32);
-    let (qs, tail) = rest.split_at_mut(64);
-    let (sc, dbytes) = tail.split_at_mut(12);
-    sc.fill(0);
     if max_scale != 0.0 {
         let iscale = -32.0f32 / max_scale;
-        for j in 0..16 {
-            let mut v = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
-            if j < 8 {
-                sc[j] = (v & 0xF) as u8;
-            } else {
-                sc[j - 8] |= ((v & 0xF) << 4) as u8;
-            }
-            v >>= 4;
-            sc[j % 4 + 8] |= (v << (2 * (j / 4))) as u8;
-        }
-        dbytes.copy_from_slice(&f32_to_f16(1.0 / iscale));
+        let vals: [i32; 16] = std::array::from_fn(|j| {
+            i32::from((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32)
+        });
+        pack_q3_k_scales(&vals, b);
+        b[108..110].copy_from_slice(&f32_to_f16(1.0 / iscale));
     } else {
-        dbytes.copy_from_slice(&f32_to_f16(0.0));
+        b[96..108].fill(0);
+        b[108..110].copy_from_slice(&f32_to_f16(0.0));
     }
-    let d = f16_to_f32([dbytes[0], dbytes[1]]);
-    for j in 0..16 {
-        let lo = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 } as i8;
-        let s = (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) as i8) - 32;
-        let dd = d * s as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        for ii in 0..16 {
-            let v = nearest_int(x[16 * j + ii] / dd).clamp(-4, 3);
-            l[16 * j + ii] = (v + 4) as i8;
-        }
-    }
-    hmask.fill(0);
-    let mut m = 0usize;
-    let mut hm = 1u8;
-    for lj in l.iter_mut() {
-        if *lj > 3 {
-            hmask[m] |= hm;
-            *lj -= 4;
-        }
-        m += 1;
-        if m == QK_K / 8 {
-            m = 0;
-            hm <<= 1;
-        }
-    }
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            let q = |k: usize| l[j + i + k] as u8;
-            qs[32 * c + i] = q(0) | (q(32) << 2) | (q(64) << 4) | (q(96) << 6);
-        }
-    }
+    q3_k_finish(x, b, &mut l);
 }
 
 /// `quantize_row_q6_K_ref` for one super-block.
 pub(crate) fn quant_q6_k(x: &[f32; QK_K], b: &mut [u8; 210]) {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
-    let mut max_scale = 0.0f32;
-    let mut max_abs_scale = 0.0f32;
-    for ib in 0..16 {
-        let s = make_qx_quants(
-            &x[16 * ib..16 * ib + 16],
-            32,
-            &mut l[16 * ib..16 * ib + 16],
-            None,
-        );
-        scales[ib] = s;
-        if s.abs() > max_abs_scale {
-            max_abs_scale = s.abs();
-            max_scale = s;
-        }
+    for (ib, s) in scales.iter_mut().enumerate() {
+        let r = 16 * ib..16 * ib + 16;
+        *s = make_qx_quants(&x[r.clone()], 32, &mut l[r], None);
     }
-    if max_abs_scale < GROUP_MAX_EPS {
-        b.fill(0);
-        return;
-    }
-    let iscale = -128.0f32 / max_scale;
-    let d = f32_to_f16(1.0 / iscale);
-    b[208..210].copy_from_slice(&d);
-    let mut sc = [0i8; 16];
-    for ib in 0..16 {
-        sc[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
-        b[192 + ib] = sc[ib] as u8;
-    }
-    let df = f16_to_f32(d);
-    for j in 0..16 {
-        let dd = df * sc[j] as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        for ii in 0..16 {
-            let v = nearest_int(x[16 * j + ii] / dd).clamp(-32, 31);
-            l[16 * j + ii] = (v + 32) as i8;
-        }
-    }
-    let (ql, rest) = b.split_at_mut(128);
-    let qh = &mut rest[..64];
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            let q = |k: usize| l[j + i + k] as u8;
-            ql[64 * c + i] = (q(0) & 0xF) | ((q(64) & 0xF) << 4);
-            ql[64 * c + i + 32] = (q(32) & 0xF) | ((q(96) & 0xF) << 4);
-            qh[32 * c + i] =
-                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
-        }
-    }
+    q6_k_finish(x, &scales, &mut l, b);
 }

@@ -9,13 +9,14 @@
 //! are themselves fitted by weighted least squares (`make_qp_quants`) instead of scaled to
 //! the largest. Q8_0 (and the float formats) ignore the weights, as ggml does.
 
-use super::float::{f16_to_f32, f32_to_f16};
-use super::kquantize::{get_scale_min_k4, make_qkx2_quants, make_qx_quants, pack_scale_min_k4};
+use super::float::f32_to_f16;
+use super::kquantize::{
+    k4_levels, make_qkx2_quants, make_qx_quants, pack_q3_k_scales, pack_q4_k, pack_q5_k,
+    pack_scale_min_k4, q2_k_finish, q3_k_finish, q6_k_finish, GROUP_MAX_EPS,
+};
 use super::kquants::{nearest_int, QK_K};
 use super::{legacy, QuantError};
 use crate::tensor::DType;
-
-const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `make_qp_quants`: non-negative levels `0..=nmax` for non-negative `x` (sub-block scales),
 /// weighted by `qw`; returns the scale.
@@ -97,6 +98,14 @@ fn make_qp_quants(x: &[f32], nmax: i32, l: &mut [u8], qw: &[f32]) -> f32 {
     }
 }
 
+fn sum(x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v;
+    }
+    s
+}
+
 fn sum_sq(x: &[f32]) -> f32 {
     let mut s = 0.0f32;
     for &v in x {
@@ -125,7 +134,7 @@ fn q2_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
         for &w in &weight {
             sw[j] += w;
         }
-        let (s, m) = make_qkx2_quants(
+        (scales[j], mins[j]) = make_qkx2_quants(
             xs,
             &weight,
             3,
@@ -135,36 +144,17 @@ fn q2_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
             36,
             false,
         );
-        scales[j] = s;
-        mins[j] = m;
     }
     let mut ls = [0u8; 16];
     let mut lm = [0u8; 16];
     let dm = make_qp_quants(&scales, 15, &mut ls, &sw);
     let mm = make_qp_quants(&mins, 15, &mut lm, &sw);
-    let (d16, m16) = (f32_to_f16(dm), f32_to_f16(mm));
-    y[80..82].copy_from_slice(&d16);
-    y[82..84].copy_from_slice(&m16);
-    let (dm, mm) = (f16_to_f32(d16), f16_to_f32(m16));
+    y[80..82].copy_from_slice(&f32_to_f16(dm));
+    y[82..84].copy_from_slice(&f32_to_f16(mm));
     for j in 0..16 {
         y[j] = ls[j] | (lm[j] << 4);
     }
-    for j in 0..16 {
-        let d = dm * (y[j] & 0xF) as f32;
-        if d == 0.0 {
-            continue;
-        }
-        let m = mm * (y[j] >> 4) as f32;
-        for ii in 0..16 {
-            l[16 * j + ii] = nearest_int((x[16 * j + ii] + m) / d).clamp(0, 3) as u8;
-        }
-    }
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            y[16 + 32 * c + i] =
-                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
-        }
-    }
+    q2_k_finish(x, y, &mut l);
 }
 
 fn q3_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
@@ -176,65 +166,18 @@ fn q3_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
     for j in 0..16 {
         let xs = &x[16 * j..16 * j + 16];
         element_weights(xs, &qw[16 * j..16 * j + 16], sigma2, &mut weight);
-        let mut sumw = 0.0f32;
-        for &w in &weight {
-            sumw += w;
-        }
-        sw[j] = sumw;
+        sw[j] = sum(&weight);
         scales[j] = make_qx_quants(xs, 4, &mut l[16 * j..16 * j + 16], Some(&weight));
     }
-    let (hmask, rest) = y.split_at_mut(32);
-    let (qs, tail) = rest.split_at_mut(64);
-    let (sc, dbytes) = tail.split_at_mut(12);
-    sc.fill(0);
     let mut ls = [0i8; 16];
     let d_block = make_qx_quants(&scales, 32, &mut ls, Some(&sw));
-    for j in 0..16 {
-        let mut v = ls[j] as i32;
-        if j < 8 {
-            sc[j] = (v & 0xF) as u8;
-        } else {
-            sc[j - 8] |= ((v & 0xF) << 4) as u8;
-        }
-        v >>= 4;
-        sc[j % 4 + 8] |= (v << (2 * (j / 4))) as u8;
-    }
-    dbytes.copy_from_slice(&f32_to_f16(d_block));
-    let d = f16_to_f32([dbytes[0], dbytes[1]]);
-    for j in 0..16 {
-        let lo = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 } as i8;
-        let s = (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) as i8) - 32;
-        let dd = d * s as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        for ii in 0..16 {
-            l[16 * j + ii] = (nearest_int(x[16 * j + ii] / dd).clamp(-4, 3) + 4) as i8;
-        }
-    }
-    hmask.fill(0);
-    let (mut m, mut hm) = (0usize, 1u8);
-    for lj in l.iter_mut() {
-        if *lj > 3 {
-            hmask[m] |= hm;
-            *lj -= 4;
-        }
-        m += 1;
-        if m == QK_K / 8 {
-            m = 0;
-            hm <<= 1;
-        }
-    }
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            let q = |k: usize| l[j + i + k] as u8;
-            qs[32 * c + i] = q(0) | (q(32) << 2) | (q(64) << 4) | (q(96) << 6);
-        }
-    }
+    pack_q3_k_scales(&ls.map(i32::from), y);
+    y[108..110].copy_from_slice(&f32_to_f16(d_block));
+    q3_k_finish(x, y, &mut l);
 }
 
-/// Q4_K (nmax 15) and Q5_K (nmax 31): fits, weighted scale fits, final levels; writes d,
-/// dmin and the scales into `head` (16 bytes).
+/// Q4_K (nmax 15) and Q5_K (nmax 31): weighted fits, weighted scale fits, final levels;
+/// writes d, dmin and the scales into `head` (16 bytes).
 fn qkx_weighted(x: &[f32], qw: &[f32], nmax: i32, head: &mut [u8]) -> [u8; QK_K] {
     let mut l = [0u8; QK_K];
     let mut scales = [0f32; 8];
@@ -245,12 +188,8 @@ fn qkx_weighted(x: &[f32], qw: &[f32], nmax: i32, head: &mut [u8]) -> [u8; QK_K]
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
         element_weights(xs, &qw[32 * j..32 * j + 32], sigma2, &mut weights);
-        let mut sumw = 0.0f32;
-        for &w in &weights {
-            sumw += w;
-        }
-        sw[j] = sumw;
-        let (s, m) = make_qkx2_quants(
+        sw[j] = sum(&weights);
+        (scales[j], mins[j]) = make_qkx2_quants(
             xs,
             &weights,
             nmax,
@@ -260,116 +199,30 @@ fn qkx_weighted(x: &[f32], qw: &[f32], nmax: i32, head: &mut [u8]) -> [u8; QK_K]
             36,
             false,
         );
-        scales[j] = s;
-        mins[j] = m;
     }
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
     let d_block = make_qp_quants(&scales, 63, &mut ls, &sw);
     let m_block = make_qp_quants(&mins, 63, &mut lm, &sw);
-    for j in 0..8 {
-        ls[j] = ls[j].min(63);
-        lm[j] = lm[j].min(63);
-    }
-    pack_scale_min_k4(&ls, &lm, &mut head[4..16]);
-    let (d, dmin) = (f32_to_f16(d_block), f32_to_f16(m_block));
-    head[0..2].copy_from_slice(&d);
-    head[2..4].copy_from_slice(&dmin);
-    let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
-    for j in 0..8 {
-        let (sc, m) = get_scale_min_k4(j, &head[4..16]);
-        let dd = df * sc as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        let dm = dminf * m as f32;
-        for ii in 0..32 {
-            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dd).clamp(0, nmax) as u8;
-        }
-    }
+    pack_scale_min_k4(
+        &ls.map(|v| v.min(63)),
+        &lm.map(|v| v.min(63)),
+        &mut head[4..16],
+    );
+    head[0..2].copy_from_slice(&f32_to_f16(d_block));
+    head[2..4].copy_from_slice(&f32_to_f16(m_block));
+    k4_levels(x, head, nmax, &mut l);
     l
-}
-
-fn q4_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
-    let l = qkx_weighted(x, qw, 15, &mut y[..16]);
-    for (c, j) in (0..QK_K).step_by(64).enumerate() {
-        for i in 0..32 {
-            y[16 + 32 * c + i] = l[j + i] | (l[j + i + 32] << 4);
-        }
-    }
-}
-
-fn q5_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
-    let l = qkx_weighted(x, qw, 31, &mut y[..16]);
-    let (qh, ql) = y[16..].split_at_mut(32);
-    qh.fill(0);
-    let (mut m1, mut m2) = (1u8, 2u8);
-    for (c, n) in (0..QK_K).step_by(64).enumerate() {
-        for j in 0..32 {
-            let mut l1 = l[n + j];
-            if l1 > 15 {
-                l1 -= 16;
-                qh[j] |= m1;
-            }
-            let mut l2 = l[n + j + 32];
-            if l2 > 15 {
-                l2 -= 16;
-                qh[j] |= m2;
-            }
-            ql[32 * c + j] = l1 | (l2 << 4);
-        }
-        m1 <<= 2;
-        m2 <<= 2;
-    }
 }
 
 fn q6_k(x: &[f32], qw: &[f32], y: &mut [u8]) {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
-    let mut max_scale = 0.0f32;
-    let mut max_abs_scale = 0.0f32;
-    for (ib, sc) in scales.iter_mut().enumerate() {
+    for (ib, s) in scales.iter_mut().enumerate() {
         let r = 16 * ib..16 * ib + 16;
-        let s = make_qx_quants(&x[r.clone()], 32, &mut l[r.clone()], Some(&qw[r]));
-        *sc = s;
-        if s.abs() > max_abs_scale {
-            max_abs_scale = s.abs();
-            max_scale = s;
-        }
+        *s = make_qx_quants(&x[r.clone()], 32, &mut l[r.clone()], Some(&qw[r]));
     }
-    if max_abs_scale < GROUP_MAX_EPS {
-        y[..210].fill(0);
-        return;
-    }
-    let iscale = -128.0f32 / max_scale;
-    let d = f32_to_f16(1.0 / iscale);
-    y[208..210].copy_from_slice(&d);
-    let mut sc = [0i8; 16];
-    for ib in 0..16 {
-        sc[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
-        y[192 + ib] = sc[ib] as u8;
-    }
-    let df = f16_to_f32(d);
-    for j in 0..16 {
-        let dd = df * sc[j] as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        for ii in 0..16 {
-            l[16 * j + ii] = (nearest_int(x[16 * j + ii] / dd).clamp(-32, 31) + 32) as i8;
-        }
-    }
-    let (ql, rest) = y.split_at_mut(128);
-    let qh = &mut rest[..64];
-    for (c, j) in (0..QK_K).step_by(128).enumerate() {
-        for i in 0..32 {
-            let q = |k: usize| l[j + i + k] as u8;
-            ql[64 * c + i] = (q(0) & 0xF) | ((q(64) & 0xF) << 4);
-            ql[64 * c + i + 32] = (q(32) & 0xF) | ((q(96) & 0xF) << 4);
-            qh[32 * c + i] =
-                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
-        }
-    }
+    q6_k_finish(x, &scales, &mut l, y);
 }
 
 /// Legacy 32-element formats; `sigma2` is over the whole row.
@@ -435,8 +288,14 @@ pub fn quantize_row_weighted(
     match dtype {
         DType::Q2K => blocks.for_each(|((x, w), y)| q2_k(x, w, y)),
         DType::Q3K => blocks.for_each(|((x, w), y)| q3_k(x, w, y)),
-        DType::Q4K => blocks.for_each(|((x, w), y)| q4_k(x, w, y)),
-        DType::Q5K => blocks.for_each(|((x, w), y)| q5_k(x, w, y)),
+        DType::Q4K => blocks.for_each(|((x, w), y)| {
+            let l = qkx_weighted(x, w, 15, &mut y[..16]);
+            pack_q4_k(&l, &mut y[16..]);
+        }),
+        DType::Q5K => blocks.for_each(|((x, w), y)| {
+            let l = qkx_weighted(x, w, 31, &mut y[..16]);
+            pack_q5_k(&l, &mut y[16..]);
+        }),
         DType::Q6K => blocks.for_each(|((x, w), y)| q6_k(x, w, y)),
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
             let sigma2 = sum_sq(src) / src.len() as f32;
