@@ -3,7 +3,7 @@
 //!
 //! 1. Reference: the source model's log-probabilities on calibration chunks (every position).
 //! 2. Sensitivity: for each weight matrix t and each candidate type q (Q2_K…Q6_K and Q8_0 for
-//!    rows of whole 256-blocks; Q4_0, Q5_0 and Q8_0 otherwise), only t is quantized to q
+//!    rows of whole 256-blocks; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 otherwise), only t is quantized to q
 //!    (with the imatrix, when given) and the mean KL divergence of the logits from the
 //!    reference is measured: KL(t, q).
 //! 3. Allocation: with the errors taken as additive, every tensor starts at its cheapest
@@ -60,7 +60,7 @@ fn candidates(row_len: usize) -> Vec<DType> {
         DType::Q6K,
         DType::Q8_0,
     ];
-    let legacy = [DType::Q4_0, DType::Q5_0, DType::Q8_0];
+    let legacy = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0];
     let list: &[DType] = if row_len.is_multiple_of(256) {
         &k
     } else {
