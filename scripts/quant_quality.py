@@ -101,7 +101,7 @@ def main() -> None:
         r = run(LONE, "convert", src, "-o", f.name, "--target-bpw", b, "--calibration", CALIB,
                 "--imatrix", "lone.imatrix.gguf", "--force", cwd=a.out)
         row = {"model": a.name, "type": f"target-bpw {b}", "imatrix": "lone.imatrix.gguf",
-               "search": [line for line in r.stderr.splitlines() if "target" in line][-1:]}
+               "search": [line for line in r.stderr.splitlines() if line.startswith("target ")][-1:]}
         row.update(measure(f, src, params))
         emit(row)
         f.unlink()

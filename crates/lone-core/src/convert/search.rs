@@ -60,7 +60,13 @@ fn candidates(row_len: usize) -> Vec<DType> {
         DType::Q6K,
         DType::Q8_0,
     ];
-    let legacy = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0];
+    let legacy = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ];
     let list: &[DType] = if row_len.is_multiple_of(256) {
         &k
     } else {

@@ -45,9 +45,6 @@ pub enum QuantError {
         expected: usize,
         got: usize,
     },
-    /// lone cannot quantize f32 data to this format (K-quant weight formats, for now).
-    #[error("quantizing to {0} is not supported")]
-    QuantizeUnsupported(DType),
 }
 
 impl From<QuantError> for crate::Error {
@@ -60,11 +57,6 @@ impl From<QuantError> for crate::Error {
 /// blocks.
 pub fn row_bytes(dtype: DType, n: usize) -> Option<usize> {
     dtype.bytes_for(n)
-}
-
-/// Whether [`quantize_row`] can produce `dtype`.
-pub fn can_quantize(dtype: DType) -> bool {
-    reference::can_quantize(dtype)
 }
 
 /// Dequantize `dst.len()` elements stored as `dtype` in `src` (exactly
