@@ -229,6 +229,44 @@ mod tests {
         }
     }
 
+    /// For random bytes of every format and odd block counts: the dot product agrees with
+    /// dequantize-then-dot in f64 within the f32 summation bound, and dequantizing a row equals
+    /// dequantizing its blocks one at a time (no state leaks between blocks).
+    #[test]
+    fn dot_agrees_with_dequantize_on_random_blocks() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for dtype in DType::ALL {
+            let bs = dtype.block_size();
+            let bb = dtype.block_bytes();
+            for blocks in [1usize, 3, 7] {
+                let blocks = if bs == 1 { blocks * 37 } else { blocks };
+                let n = blocks * bs;
+                let mut w: Vec<u8> = (0..blocks * bb).map(|_| rng.next() as u8).collect();
+                sanitize_scales(dtype, &mut w);
+                let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+                let mut deq = vec![0.0f32; n];
+                dequantize_row(dtype, &w, &mut deq).unwrap();
+                for (b, (wb, yb)) in w.chunks(bb).zip(deq.chunks(bs)).enumerate() {
+                    let mut one = vec![0.0f32; bs];
+                    dequantize_row(dtype, wb, &mut one).unwrap();
+                    assert_eq!(one, yb, "{dtype} block {b}");
+                }
+                let exact: f64 = deq.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = deq
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let got = dot_row(dtype, &w, &x).unwrap() as f64;
+                let tol = (n as f64 + 1.0) * f32::EPSILON as f64 / 2.0 * mag;
+                assert!(
+                    (got - exact).abs() <= tol,
+                    "{dtype} n={n}: {got} vs {exact} (tol {tol})"
+                );
+            }
+        }
+    }
+
     /// Untrusted input: arbitrary bytes (NaN/inf scales included) and non-finite activations
     /// must never panic (overflow checks are on in test builds).
     #[test]
