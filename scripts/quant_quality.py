@@ -33,7 +33,7 @@ TYPES = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0", "Q3_K_M",
 
 
 def run(*args, cwd=None):
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd)
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, errors="replace", cwd=cwd)
     if r.returncode != 0:
         sys.exit(f"{' '.join(map(str, args))} failed:\n{r.stderr[-3000:]}")
     return r
