@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{naming, vocab, FileType, Plan, PlanTensor, RowOrder};
+use super::{interleaved_source, naming, vocab, FileType, Plan, PlanTensor, RowOrder};
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::loader::gguf::MetaValue;
@@ -50,7 +50,7 @@ fn tensor_type(gname: &str, n_dims: usize, row_len: usize, ftype: FileType) -> D
     }
 }
 
-/// Undo nothing, permute a 1-D bias of `heads` heads as the converter does.
+/// A 1-D bias of `heads` heads, permuted as the converter permutes llama's Q/K rows.
 fn permuted_vector(t: &Tensor, heads: usize) -> Result<Tensor> {
     let v = t.to_f32_vec();
     let n = v.len();
@@ -59,13 +59,7 @@ fn permuted_vector(t: &Tensor, heads: usize) -> Result<Tensor> {
             "cannot permute a bias of {n} values into {heads} heads"
         )));
     }
-    let hd = n / heads;
-    let half = hd / 2;
-    let mut out = vec![0f32; n];
-    for (r, o) in out.iter_mut().enumerate() {
-        let (h, w) = (r / hd, r % hd);
-        *o = v[h * hd + (w % 2) * half + w / 2];
-    }
+    let out: Vec<f32> = (0..n).map(|r| v[interleaved_source(r, n, heads)]).collect();
     Ok(Tensor::from_f32(vec![n], &out))
 }
 
@@ -209,8 +203,9 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
     Ok(plan)
 }
 
+/// An optional JSON file beside the checkpoint; unreadable or invalid counts as absent.
 fn read_json(path: &Path) -> Option<Value> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    vocab::read_json(path).ok().flatten()
 }
 
 fn kv_heads_per_layer(cfg: &ModelConfig) -> MetaValue {
@@ -237,25 +232,23 @@ fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool
         if let Some(s) = g.get("sequence").and_then(|v| v.as_str()) {
             plan.set("general.sampling.sequence", MetaValue::String(s.into()));
         }
-        let ints = [("top_k", "top_k"), ("penalty_last_n", "penalty_last_n")];
-        let floats = [
+        // gguf-py's order: sequence, top_k, top_p, min_p, xtc_probability, xtc_threshold,
+        // temp, penalty_last_n, penalty_repeat, mirostat, mirostat_tau, mirostat_eta.
+        if let Some(v) = i("top_k") {
+            plan.set("general.sampling.top_k", MetaValue::I32(v as i32));
+        }
+        for (k, src) in [
             ("top_p", "top_p"),
             ("min_p", "min_p"),
             ("xtc_probability", "xtc_probability"),
             ("xtc_threshold", "xtc_threshold"),
             ("temp", "temperature"),
-        ];
-        // gguf-py's order: sequence, top_k, top_p, min_p, xtc_probability, xtc_threshold,
-        // temp, penalty_last_n, penalty_repeat, mirostat, mirostat_tau, mirostat_eta.
-        if let Some(v) = i(ints[0].1) {
-            plan.set("general.sampling.top_k", MetaValue::I32(v as i32));
-        }
-        for (k, src) in floats {
+        ] {
             if let Some(v) = f(src) {
                 plan.set(&format!("general.sampling.{k}"), MetaValue::F32(v as f32));
             }
         }
-        if let Some(v) = i(ints[1].1) {
+        if let Some(v) = i("penalty_last_n") {
             plan.set("general.sampling.penalty_last_n", MetaValue::I32(v as i32));
         }
         if let Some(v) = f("penalty_repeat").or_else(|| f("repetition_penalty")) {

@@ -64,7 +64,7 @@ fn allows_quantization(name: &str, n_dims: usize) -> bool {
     if n_dims < 2 || !name.ends_with("weight") {
         return false;
     }
-    const NEVER: [&str; 12] = [
+    const NEVER: [&str; 11] = [
         "_norm.weight",
         "ffn_gate_inp.weight",
         "ffn_gate_tid2eid.weight",
@@ -76,7 +76,6 @@ fn allows_quantization(name: &str, n_dims: usize) -> bool {
         "attn_rel_b.weight",
         "time_mix_",
         ".position_embd",
-        "rope_freqs",
     ];
     !NEVER.iter().any(|s| name.contains(s))
         && name != "position_embd.weight"

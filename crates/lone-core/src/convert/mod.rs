@@ -174,6 +174,14 @@ pub enum RowOrder {
     InterleaveHeads(usize),
 }
 
+/// For llama's Q/K permutation of `rows` rows in `heads` heads: the input row that output
+/// row `r` takes (`h*hd + 2i + j` ← `h*hd + j*hd/2 + i`). The caller checked the split.
+pub(crate) fn interleaved_source(r: usize, rows: usize, heads: usize) -> usize {
+    let hd = rows / heads;
+    let (head, within) = (r / hd, r % hd);
+    head * hd + (within % 2) * (hd / 2) + within / 2
+}
+
 /// One tensor of the output file: where its values come from and how it is stored.
 #[derive(Clone, Debug)]
 pub struct PlanTensor {
@@ -358,13 +366,7 @@ fn encode(t: &PlanTensor, threads: usize) -> Result<Vec<u8>> {
     let source_row = |r: usize| -> usize {
         match t.rows {
             RowOrder::Same => r,
-            RowOrder::InterleaveHeads(h) => {
-                let hd = rows / h;
-                let half = hd / 2;
-                let (head, within) = (r / hd, r % hd);
-                let (i, j) = (within / 2, within % 2);
-                head * hd + j * half + i
-            }
+            RowOrder::InterleaveHeads(h) => interleaved_source(r, rows, h),
         }
     };
     let dtype = t.dtype;

@@ -154,23 +154,39 @@ impl Calibration {
     }
 }
 
-/// Replace the weight named `name` (a layer's matrix or the LM head; a tied embedding is
-/// both the head and the lookup table) with `t`; the tensor it replaced.
-fn swap(model: &mut Model, name: &str, t: Tensor) -> Option<Tensor> {
+/// Set the weight named `name` (a layer's matrix or the LM head; a tied embedding is both
+/// the head and the lookup table) to `t`.
+fn swap(model: &mut Model, name: &str, t: Tensor) {
     if model.lm_head.name.as_deref() == Some(name) {
         if name == "token_embd.weight" {
             model.embed.t = t.clone();
         }
-        return Some(std::mem::replace(&mut model.lm_head.w, t));
+        model.lm_head.w = t;
+        return;
     }
     for layer in model.layers.iter_mut() {
         for l in layer.linears_mut() {
             if l.name.as_deref() == Some(name) {
-                return Some(std::mem::replace(&mut l.w, t));
+                l.w = t;
+                return;
             }
         }
     }
-    None
+}
+
+/// The weight named `name`, as the model holds it.
+fn weight(model: &mut Model, name: &str) -> Result<Tensor> {
+    if model.lm_head.name.as_deref() == Some(name) {
+        return Ok(model.lm_head.w.clone());
+    }
+    for layer in model.layers.iter_mut() {
+        for l in layer.linears_mut() {
+            if l.name.as_deref() == Some(name) {
+                return Ok(l.w.clone());
+            }
+        }
+    }
+    Err(Error::Config(format!("no weight {name} in the model")))
 }
 
 fn weight_names(model: &mut Model) -> Vec<String> {
@@ -249,8 +265,7 @@ pub fn target_bpw(
         let importance = importance.filter(|q| q.len() == plan.tensors[*i].row_len());
         let mut row = Vec::new();
         for q in candidates(plan.tensors[*i].row_len()) {
-            let original = swap(model, name, Tensor::from_f32(vec![1, 1], &[0.0]))
-                .ok_or_else(|| Error::Config(format!("no weight {name} in the model")))?;
+            let original = weight(model, name)?;
             let trial = requantize(&original, q, importance.as_deref())?;
             swap(model, name, trial);
             let kl = cal.kl(model);
@@ -329,8 +344,7 @@ pub fn target_bpw(
             .and_then(|im| im.importance(name))
             .filter(|q| q.len() == p.row_len())
             .map(std::sync::Arc::new);
-        let original = swap(model, name, Tensor::from_f32(vec![1, 1], &[0.0]))
-            .ok_or_else(|| Error::Config(format!("no weight {name} in the model")))?;
+        let original = weight(model, name)?;
         let trial = requantize(&original, t, p.importance.as_deref().map(|v| v.as_slice()))?;
         swap(model, name, trial);
         originals.push((name.clone(), original));

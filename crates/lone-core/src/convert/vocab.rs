@@ -25,7 +25,7 @@ const UNUSED: i32 = 5;
 
 const SPECIAL_TYPES: [&str; 7] = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
 
-fn read_json(path: &Path) -> Result<Option<Value>> {
+pub(super) fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
