@@ -11,4 +11,7 @@ for isa in avx2 scalar; do
   LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
     --test smollm2 --test sharded 2>&1
 done
-tests/serve/run.sh
+# The web chat page's browser test needs Chromium and playwright-core: install them, and make
+# their absence a failure rather than a skip.
+scripts/install-browser.sh
+LONE_REQUIRE_BROWSER=1 tests/serve/run.sh

@@ -33,18 +33,18 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model: Path, *args: str, env=None, wait=True):
+    def __init__(self, model: Path | None, *args: str, env=None, wait=True):
         assert LONE.exists(), f"build the release binary first: {LONE}"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="lone-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [str(LONE), "serve", "--model", str(model), "--port", str(self.port), *args],
+            [str(LONE), "serve", *(["--model", str(model)] if model else []), "--port", str(self.port), *args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-        self.model = model.name
+        self.model = model.name if model else None
         if wait:
             self.wait_ready()
 

@@ -19,9 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::engine::Event;
 use super::openai::{ApiError, Kind};
-use super::{
-    body_json, chat_messages, collect_one, ready_or_503, render_chat, start, AppState, Started,
-};
+use super::{body_json, chat_messages, collect_one, render_chat, start, AppState, Started};
 
 /// Anthropic's error shape.
 fn err(e: ApiError) -> Response {
@@ -150,17 +148,21 @@ pub(super) async fn messages(
         Err(e) => return err(e),
     };
     let streaming = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let ready = match st.model(&v).await {
+        Ok(r) => r,
+        Err(e) => return err(e),
+    };
     let Started {
         meta,
         mut rx,
         mut log,
         ..
-    } = match start(&st, &req, Kind::Chat, "/v1/messages", t0) {
+    } = match start(&st, &ready, &req, Kind::Chat, "/v1/messages", t0) {
         Ok(s) => s,
         Err(e) => return err(e),
     };
     let id = message_id(&meta.id);
-    let model = st.model_id.clone();
+    let model = ready.id.clone();
     let input = meta.prompt_tokens;
     if !streaming {
         let c = &match collect_one(&mut rx, &mut log).await {
@@ -271,17 +273,18 @@ pub(super) async fn count_tokens(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let ready = ready_or_503(&st)?;
-        let v = openai_request(&body_json(body)?, true)?;
-        let (msgs, plan) = chat_messages(ready, &v)?;
-        let prompt = render_chat(ready, &msgs, &plan)?;
+    let run = async || -> Result<Value, ApiError> {
+        let body = body_json(body)?;
+        let ready = st.model(&body).await?;
+        let v = openai_request(&body, true)?;
+        let (msgs, plan) = chat_messages(&ready, &v)?;
+        let prompt = render_chat(&ready, &msgs, &plan)?;
         let ids = ready.text.tokenizer.encode(&prompt, false).map_err(|e| {
             ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}"))
         })?;
         Ok(json!({"input_tokens": ids.len()}))
     };
-    match run() {
+    match run().await {
         Ok(v) => Json(v).into_response(),
         Err(e) => err(e),
     }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::openai::{self, ApiError, Prompt};
-use super::{body_json, ready_or_503, AppState};
+use super::{body_json, AppState};
 
 /// Most inputs per request.
 const MAX_INPUTS: usize = 256;
@@ -56,8 +56,9 @@ pub(super) async fn embeddings(
 }
 
 async fn run(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
-    let ready = ready_or_503(st)?;
-    let f: Fields = openai::fields(&body_json(body)?)?;
+    let v = body_json(body)?;
+    let ready = st.model(&v).await?;
+    let f: Fields = openai::fields(&v)?;
     let base64_out = match f.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -167,7 +168,7 @@ async fn run(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value
     Ok(json!({
         "object": "list",
         "data": data,
-        "model": st.model_id,
+        "model": ready.id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
 }

@@ -163,6 +163,16 @@ impl Engine {
         Ok(())
     }
 
+    /// Nothing queued, no job waiting and every slot free (a model that may be unloaded).
+    pub fn is_idle(&self) -> bool {
+        self.shared.state.lock().is_ok_and(|st| {
+            !st.shutdown
+                && st.queue.is_empty()
+                && st.jobs.is_empty()
+                && st.free_slots == self.cfg.parallel.max(1)
+        })
+    }
+
     /// Stop the engine: queued and running sequences get an error event; waits for the thread.
     pub fn shutdown(&self) {
         if let Ok(mut st) = self.shared.state.lock() {

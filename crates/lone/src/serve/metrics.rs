@@ -44,143 +44,172 @@ impl Metrics {
         }
     }
 
+    /// This one set of counters as the Prometheus text of a one-model server.
+    #[cfg(test)]
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        let g = |a: &AtomicU64| a.load(Relaxed);
-        let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(
-            s,
-            "# HELP lone_requests_total HTTP requests by endpoint and status code."
-        );
-        let _ = writeln!(s, "# TYPE lone_requests_total counter");
-        if let Ok(m) = self.requests.lock() {
-            for ((ep, st), n) in m.iter() {
-                let _ = writeln!(
-                    s,
-                    "lone_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}"
-                );
-            }
-        }
-        let mut metric = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = writeln!(s, "# HELP {name} {help}");
-            let _ = writeln!(s, "# TYPE {name} {kind}");
-            let _ = writeln!(s, "{name} {v}");
-        };
-        metric(
+        render(self, &[("", self)], false)
+    }
+}
+
+/// A model's series: name, type, help, value.
+type Series = (&'static str, &'static str, &'static str, String);
+
+/// One model's engine counters and gauges.
+fn model_series(m: &Metrics) -> Vec<Series> {
+    let g = |a: &AtomicU64| a.load(Relaxed);
+    let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e9;
+    let rate = |n: u64, t: f64| if t > 0.0 { n as f64 / t } else { 0.0 };
+    let (d, a) = (g(&m.drafted_tokens), g(&m.accepted_tokens));
+    vec![
+        (
             "lone_prompt_tokens_total",
             "counter",
             "Prompt tokens of admitted sequences.",
-            g(&self.prompt_tokens).to_string(),
-        );
-        metric(
+            g(&m.prompt_tokens).to_string(),
+        ),
+        (
             "lone_prompt_tokens_cached_total",
             "counter",
             "Prompt tokens reused from a slot's cache (not prefilled).",
-            g(&self.cached_prompt_tokens).to_string(),
-        );
-        metric(
+            g(&m.cached_prompt_tokens).to_string(),
+        ),
+        (
             "lone_generated_tokens_total",
             "counter",
             "Tokens generated.",
-            g(&self.generated_tokens).to_string(),
-        );
-        metric(
+            g(&m.generated_tokens).to_string(),
+        ),
+        (
             "lone_prefill_seconds_total",
             "counter",
             "Forward-pass time spent on prompt rows.",
-            format!("{:.6}", secs(&self.prefill_ns)),
-        );
-        metric(
+            format!("{:.6}", secs(&m.prefill_ns)),
+        ),
+        (
             "lone_decode_seconds_total",
             "counter",
             "Forward-pass time spent on decode rows.",
-            format!("{:.6}", secs(&self.decode_ns)),
-        );
-        let rate = |n: u64, t: f64| if t > 0.0 { n as f64 / t } else { 0.0 };
-        metric(
+            format!("{:.6}", secs(&m.decode_ns)),
+        ),
+        (
             "lone_prefill_tokens_per_second",
             "gauge",
             "Average prefill rate (prompt rows per prefill second).",
-            format!(
-                "{:.3}",
-                rate(g(&self.prefill_tokens), secs(&self.prefill_ns))
-            ),
-        );
-        metric(
+            format!("{:.3}", rate(g(&m.prefill_tokens), secs(&m.prefill_ns))),
+        ),
+        (
             "lone_decode_tokens_per_second",
             "gauge",
             "Average decode rate (decode rows per decode second, all slots together).",
-            format!("{:.3}", rate(g(&self.decode_tokens), secs(&self.decode_ns))),
-        );
-        metric(
+            format!("{:.3}", rate(g(&m.decode_tokens), secs(&m.decode_ns))),
+        ),
+        (
             "lone_queue_depth",
             "gauge",
             "Sequences waiting for a slot.",
-            g(&self.queue_depth).to_string(),
-        );
-        metric(
+            g(&m.queue_depth).to_string(),
+        ),
+        (
             "lone_prompt_cache_bytes",
             "gauge",
             "Host memory held by prompt-cache snapshots (--cache-ram).",
-            g(&self.prompt_cache_bytes).to_string(),
-        );
-        metric(
+            g(&m.prompt_cache_bytes).to_string(),
+        ),
+        (
             "lone_prompt_cache_entries",
             "gauge",
             "Prompt-cache snapshots held.",
-            g(&self.prompt_cache_entries).to_string(),
-        );
-        metric(
+            g(&m.prompt_cache_entries).to_string(),
+        ),
+        (
             "lone_prompt_cache_hits_total",
             "counter",
             "Prompts that started from a prompt-cache snapshot instead of their slot's cache.",
-            g(&self.prompt_cache_hits).to_string(),
-        );
-        metric(
+            g(&m.prompt_cache_hits).to_string(),
+        ),
+        (
             "lone_active_slots",
             "gauge",
             "Slots running a sequence.",
-            g(&self.active_slots).to_string(),
-        );
-        metric(
+            g(&m.active_slots).to_string(),
+        ),
+        (
             "lone_slots",
             "gauge",
             "Slots (--parallel).",
-            g(&self.slots).to_string(),
-        );
-        metric(
+            g(&m.slots).to_string(),
+        ),
+        (
             "lone_cancelled_total",
             "counter",
             "Sequences cancelled because the client went away.",
-            g(&self.cancelled).to_string(),
-        );
-        metric(
+            g(&m.cancelled).to_string(),
+        ),
+        (
             "lone_engine_steps_total",
             "counter",
             "Batched forward passes.",
-            g(&self.steps).to_string(),
-        );
-        metric(
+            g(&m.steps).to_string(),
+        ),
+        (
             "lone_draft_tokens_total",
             "counter",
             "Tokens drafted by speculative decoding.",
-            g(&self.drafted_tokens).to_string(),
-        );
-        metric(
+            d.to_string(),
+        ),
+        (
             "lone_draft_tokens_accepted_total",
             "counter",
             "Drafted tokens the model accepted.",
-            g(&self.accepted_tokens).to_string(),
-        );
-        let (d, a) = (g(&self.drafted_tokens), g(&self.accepted_tokens));
-        metric(
+            a.to_string(),
+        ),
+        (
             "lone_draft_acceptance_rate",
             "gauge",
             "Accepted / drafted tokens (0 before any draft).",
             format!("{:.4}", if d > 0 { a as f64 / d as f64 } else { 0.0 }),
-        );
-        s
+        ),
+    ]
+}
+
+/// The Prometheus text: the server's request counts, then each model's series, with a
+/// `model` label when `labelled` (several models served).
+pub fn render(server: &Metrics, models: &[(&str, &Metrics)], labelled: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# HELP lone_requests_total HTTP requests by endpoint and status code."
+    );
+    let _ = writeln!(s, "# TYPE lone_requests_total counter");
+    if let Ok(m) = server.requests.lock() {
+        for ((ep, st), n) in m.iter() {
+            let _ = writeln!(
+                s,
+                "lone_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}"
+            );
+        }
     }
+    let per_model: Vec<(&str, Vec<Series>)> = models
+        .iter()
+        .map(|(id, m)| (*id, model_series(m)))
+        .collect();
+    let Some((_, first)) = per_model.first() else {
+        return s;
+    };
+    for (i, (name, kind, help, _)) in first.iter().enumerate() {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for (id, series) in &per_model {
+            let v = &series[i].3;
+            if labelled {
+                let id = id.replace('\\', "\\\\").replace('"', "\\\"");
+                let _ = writeln!(s, "{name}{{model=\"{id}\"}} {v}");
+            } else {
+                let _ = writeln!(s, "{name} {v}");
+            }
+        }
+    }
+    s
 }
 
 #[cfg(test)]
@@ -206,5 +235,16 @@ mod tests {
             let (_, v) = line.rsplit_once(' ').unwrap();
             v.parse::<f64>().unwrap();
         }
+    }
+
+    #[test]
+    fn several_models_are_labelled_under_one_help_line() {
+        let (server, a, b) = (Metrics::default(), Metrics::default(), Metrics::default());
+        a.slots.store(4, Relaxed);
+        b.slots.store(2, Relaxed);
+        let s = render(&server, &[("a.gguf", &a), ("b\"x", &b)], true);
+        assert!(s.contains("lone_slots{model=\"a.gguf\"} 4\n"));
+        assert!(s.contains("lone_slots{model=\"b\\\"x\"} 2\n"));
+        assert_eq!(s.matches("# TYPE lone_slots gauge").count(), 1);
     }
 }

@@ -9,6 +9,7 @@ mod embeddings;
 pub mod engine;
 pub mod log;
 pub mod metrics;
+mod models;
 mod ollama;
 pub mod openai;
 pub mod tools;
@@ -18,13 +19,13 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -48,9 +49,26 @@ pub const DEFAULT_CTX_CAP: usize = 4096;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// HF checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the setup step).
+    /// HF checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the setup
+    /// step). Repeat it to serve several models: the request's `model` selects one.
     #[arg(long, short)]
-    pub model: Option<PathBuf>,
+    pub model: Vec<PathBuf>,
+    /// Serve every model in DIR (its `.gguf` files and checkpoint directories), each loaded on
+    /// first use.
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// With several models: how many may be loaded at once; past it the least recently used
+    /// idle one is unloaded.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub max_loaded: usize,
+    /// With several models: host memory (GiB) the loaded ones may take (weights + KV caches,
+    /// estimated); past it the least recently used idle one is unloaded. Default: no limit.
+    #[arg(long, value_name = "GiB")]
+    pub mem_budget: Option<f64>,
+    /// Seconds a request waits for its model to load before a 503 (default: 0 with one model,
+    /// as llama-server answers 503 while loading; 300 with several).
+    #[arg(long, value_name = "SECS")]
+    pub load_timeout: Option<f64>,
     /// Address to bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -120,7 +138,10 @@ pub struct ServeArgs {
     pub spec: crate::cmd::common::SpecArgs,
 }
 
-struct Ready {
+pub struct Ready {
+    /// The id responses carry, and the model's path.
+    id: String,
+    path: PathBuf,
     engine: Engine,
     text: Arc<TextIo>,
     ctx: usize,
@@ -137,20 +158,27 @@ struct Ready {
     params_label: String,
     /// Embedding width.
     hidden: usize,
+    /// KV-cache bytes one position takes in one slot (for `--mem-budget`).
+    kv_bytes_per_position: usize,
 }
 
 struct AppState {
-    model_id: String,
-    /// Names accepted in the `model` field.
-    model_names: Vec<String>,
+    models: Arc<models::Registry>,
     created: u64,
-    ready: OnceLock<Ready>,
+    /// Server-wide counters (requests by endpoint and status); each model has its own engine
+    /// metrics in its registry entry.
     metrics: Arc<Metrics>,
     api_key: Option<String>,
-    strict_model_name: bool,
-    /// The model file or directory.
-    path: PathBuf,
     log: log::LogConfig,
+}
+
+impl AppState {
+    /// The loaded model a request names (its `model` field), loading it if need be.
+    async fn model(&self, v: &Value) -> Result<Arc<Ready>, ApiError> {
+        self.models
+            .get(v.get("model").and_then(Value::as_str))
+            .await
+    }
 }
 
 fn now() -> u64 {
@@ -170,25 +198,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let path = common::resolve_model(a.model.as_deref())?;
-    let file_name = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string());
-    let model_id = a.alias.clone().unwrap_or_else(|| file_name.clone());
-    let mut model_names = vec![model_id.clone(), file_name.clone()];
-    if let Some(stem) = path.file_stem() {
-        model_names.push(stem.to_string_lossy().into_owned());
-    }
+    let registry = Arc::new(models::Registry::new(&a, models::model_paths(&a)?)?);
     let state = Arc::new(AppState {
-        model_id,
-        model_names,
+        models: registry,
         created: now(),
-        ready: OnceLock::new(),
         metrics: Arc::new(Metrics::default()),
         api_key: a.api_key.clone(),
-        strict_model_name: a.strict_model_name,
-        path: path.clone(),
         log: log::LogConfig {
             format: a.log_format,
             prompts: a.log_prompts,
@@ -199,10 +214,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(serve(a, path, state))
+    rt.block_on(serve(a, state))
 }
 
-async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> {
+async fn serve(a: ServeArgs, state: Arc<AppState>) -> Result<()> {
     let addr: SocketAddr = tokio::net::lookup_host((a.host.as_str(), a.port))
         .await
         .with_context(|| format!("cannot resolve --host {}", a.host))?
@@ -211,37 +226,28 @@ async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    eprintln!(
-        "lone serve: listening on http://{} (loading {})",
-        listener.local_addr()?,
-        path.display()
-    );
-
-    // Load in the background: /health says "loading" until this is done.
-    let st = state.clone();
-    let args = a.clone();
-    std::thread::spawn(move || {
-        // Test hook: hold the server in the "loading" state for a while.
-        if let Some(ms) = std::env::var("LONE_SERVE_TEST_LOAD_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        match load(&args, &path, &st.metrics) {
-            Ok(r) => {
-                eprintln!(
-                    "lone serve: model ready ({} slots, context {}, queue {})",
-                    r.engine.cfg.parallel, r.ctx, r.engine.cfg.queue
-                );
-                let _ = st.ready.set(r);
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                std::process::exit(1);
-            }
-        }
-    });
+    let reg = &state.models;
+    if reg.single {
+        eprintln!(
+            "lone serve: listening on http://{} (loading {})",
+            listener.local_addr()?,
+            reg.entries[0].path.display()
+        );
+        // Load in the background: /health says "loading" until this is done.
+        reg.start_load(&reg.entries[0]);
+    } else {
+        eprintln!(
+            "lone serve: listening on http://{} ({} models, each loaded on first use, at most {} at once: {})",
+            listener.local_addr()?,
+            reg.entries.len(),
+            a.max_loaded,
+            reg.entries
+                .iter()
+                .map(|e| e.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 
     let limits = transport::Limits {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
@@ -254,15 +260,26 @@ async fn serve(a: ServeArgs, path: PathBuf, state: Arc<AppState>) -> Result<()> 
     }
     let app = router(state.clone(), limits);
     transport::serve(listener, app, limits, shutdown_signal(state.clone())).await;
-    if let Some(r) = state.ready.get() {
-        r.engine.shutdown();
-    }
+    state.models.shutdown();
     eprintln!("lone serve: stopped");
     Ok(())
 }
 
-fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
+fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
     let model = common::load_model(path, a.threads)?;
+    let attention_layers = model
+        .cfg
+        .layer_kinds
+        .iter()
+        .filter(|k| **k != lone_core::config::LayerKind::Conv)
+        .count();
+    let elem_bytes = match model.kv_type {
+        lone_core::cache::KvType::F32 => 4.0,
+        lone_core::cache::KvType::F16 => 2.0,
+        lone_core::cache::KvType::Q8_0 => 34.0 / 32.0,
+    };
+    let kv_bytes_per_position =
+        (attention_layers * 2 * model.cfg.n_kv_heads * model.cfg.head_dim) as f64 * elem_bytes;
     let mut text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
     if let Some(f) = &a.chat_template_file {
         let src = std::fs::read_to_string(f)
@@ -313,6 +330,9 @@ fn load(a: &ServeArgs, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result
     let engine = Engine::start(model, text.clone(), cfg, metrics.clone(), spec)
         .context("cannot start the engine thread")?;
     Ok(Ready {
+        id: id.to_string(),
+        path: path.to_path_buf(),
+        kv_bytes_per_position: kv_bytes_per_position.ceil() as usize,
         engine,
         text,
         ctx,
@@ -351,9 +371,7 @@ async fn shutdown_signal(state: Arc<AppState>) {
     // Running streams end (with an error event) so connections can close; the transport
     // drains for 2 s, and this gives up after 3.
     std::thread::spawn(move || {
-        if let Some(r) = state.ready.get() {
-            r.engine.shutdown();
-        }
+        state.models.shutdown();
         std::thread::sleep(Duration::from_secs(3));
         std::process::exit(0);
     });
@@ -369,6 +387,7 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 
 fn router(state: Arc<AppState>, limits: transport::Limits) -> Router {
     Router::new()
+        .route("/", get(web_chat))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/apply-template", post(apply_template))
@@ -443,7 +462,11 @@ fn same_secret(given: &str, key: &str) -> bool {
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
+        // The chat page itself is open; it sends the key it is given with its API calls.
+        let open = matches!(
+            req.uri().path(),
+            "/" | "/health" | "/v1/health" | "/metrics"
+        );
         if !open {
             let h = req.headers();
             let bearer = h
@@ -471,6 +494,18 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
+/// The web chat page (one file compiled in: no CDN, works offline).
+async fn web_chat() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("web/index.html"),
+    )
+        .into_response()
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -490,65 +525,50 @@ async fn method_not_allowed() -> ApiError {
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    if st.ready.get().is_some() {
-        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading"})),
-        )
-            .into_response()
-    }
+    let (code, v) = st.models.health();
+    (code, Json(v)).into_response()
 }
 
-fn model_object(st: &AppState) -> Value {
-    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "lone"})
+/// A model as `/v1/models` lists it, with llama-server's router `status`.
+fn model_object(st: &AppState, e: &models::Entry, status: &models::Status) -> Value {
+    json!({
+        "id": e.id, "object": "model", "created": st.created, "owned_by": "lone",
+        "status": {"value": status.name()},
+    })
 }
 
 async fn list_models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&st)]}))
+    let data: Vec<Value> = st
+        .models
+        .states()
+        .iter()
+        .map(|(e, s)| model_object(&st, e, s))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn get_model(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
-    if st.model_names.contains(&id) || !st.strict_model_name {
-        Json(model_object(&st)).into_response()
-    } else {
-        model_not_found(&id).into_response()
+    match st.models.find(Some(&id)) {
+        Ok(e) => Json(model_object(&st, e, &e.status())).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
-fn model_not_found(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        format!("The model '{id}' does not exist"),
-    )
-    .param("model")
-    .code("model_not_found")
-}
-
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    let reg = &st.models;
+    let models: Vec<(&str, &Metrics)> = reg
+        .entries
+        .iter()
+        .map(|e| (e.id.as_str(), &*e.metrics))
+        .collect();
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(),
+        metrics::render(&st.metrics, &models, !reg.single),
     )
         .into_response()
-}
-
-fn ready_or_503(st: &AppState) -> Result<&Ready, ApiError> {
-    st.ready.get().ok_or_else(|| {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable_error",
-            "The model is loading; retry shortly.",
-        )
-        .code("model_loading");
-        e.retry_after = Some(1);
-        e
-    })
 }
 
 fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
@@ -571,9 +591,10 @@ async fn tokenize(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let ready = ready_or_503(&st)?;
-        let f: TokenizeFields = openai::fields(&body_json(body)?)?;
+    let run = async || -> Result<Value, ApiError> {
+        let v = body_json(body)?;
+        let ready = st.model(&v).await?;
+        let f: TokenizeFields = openai::fields(&v)?;
         let tok = &ready.text.tokenizer;
         let ids =
             tokio::task::block_in_place(|| tok.encode(&f.content, f.add_special.unwrap_or(false)))
@@ -595,6 +616,7 @@ async fn tokenize(
         Ok(json!({ "tokens": tokens }))
     };
     run()
+        .await
         .map(|v| Json(v).into_response())
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -609,9 +631,10 @@ async fn detokenize(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let ready = ready_or_503(&st)?;
-        let f: DetokenizeFields = openai::fields(&body_json(body)?)?;
+    let run = async || -> Result<Value, ApiError> {
+        let v = body_json(body)?;
+        let ready = st.model(&v).await?;
+        let f: DetokenizeFields = openai::fields(&v)?;
         let content = ready
             .text
             .tokenizer
@@ -620,17 +643,19 @@ async fn detokenize(
         Ok(json!({ "content": content }))
     };
     run()
+        .await
         .map(|v| Json(v).into_response())
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// llama-server's `GET /props`: the server's settings.
-async fn props(State(st): State<Arc<AppState>>) -> Response {
-    let Ok(ready) = ready_or_503(&st) else {
-        return ready_or_503(&st)
-            .err()
-            .map(IntoResponse::into_response)
-            .unwrap_or_default();
+/// llama-server's `GET /props` (`?model=` picks one of several): the server's settings.
+async fn props(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let ready = match st.models.get(q.get("model").map(String::as_str)).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
     };
     let tok = &ready.text.tokenizer;
     let piece = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
@@ -638,11 +663,11 @@ async fn props(State(st): State<Arc<AppState>>) -> Response {
         "default_generation_settings": {
             "n_ctx": ready.ctx,
             "params": {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "n_predict": -1},
-            "model": st.model_id,
+            "model": ready.id,
         },
         "total_slots": ready.engine.cfg.parallel,
-        "model_alias": st.model_id,
-        "model_path": st.path.display().to_string(),
+        "model_alias": ready.id,
+        "model_path": ready.path.display().to_string(),
         "chat_template": ready.text.template.as_ref().map(|t| t.source()).unwrap_or(""),
         "bos_token": piece(tok.bos_id()),
         "eos_token": piece(ready.text.eos_ids.first().copied()),
@@ -659,13 +684,13 @@ async fn apply_template(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let ready = ready_or_503(&st)?;
+    let run = async || -> Result<Value, ApiError> {
         let v = body_json(body)?;
-        let (msgs, plan) = chat_messages(ready, &v)?;
-        Ok(json!({ "prompt": render_chat(ready, &msgs, &plan)? }))
+        let ready = st.model(&v).await?;
+        let (msgs, plan) = chat_messages(&ready, &v)?;
+        Ok(json!({ "prompt": render_chat(&ready, &msgs, &plan)? }))
     };
-    match run() {
+    match run().await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
@@ -745,13 +770,13 @@ async fn handle(
         Kind::Chat => "/v1/chat/completions",
         Kind::Completion => "/v1/completions",
     };
+    let ready = st.model(&v).await?;
     let Started {
         meta,
         stream,
         mut rx,
         mut log,
-    } = start(&st, &v, kind, endpoint, t0)?;
-    let ready = ready_or_503(&st)?;
+    } = start(&st, &ready, &v, kind, endpoint, t0)?;
     if stream {
         return Ok(stream_response(meta, ready.text.clone(), rx, log));
     }
@@ -776,20 +801,15 @@ struct Started {
 /// Validate an OpenAI-shaped request (chat or completions) and submit its sequences.
 fn start(
     st: &AppState,
+    ready: &Ready,
     v: &Value,
     kind: Kind,
     endpoint: &'static str,
     t0: std::time::Instant,
 ) -> Result<Started, ApiError> {
     let mut prompt_log: Option<String> = None;
-    let ready = ready_or_503(st)?;
     let v = v.clone();
     let common: openai::Common = openai::fields(&v)?;
-    if let Some(m) = &common.model {
-        if st.strict_model_name && !st.model_names.contains(m) {
-            return Err(model_not_found(m));
-        }
-    }
     let settings = common.settings(ready.vocab)?;
     let spec = common.spec_params(&ready.spec_default, ready.has_draft)?;
     let text = &ready.text;
@@ -977,7 +997,7 @@ fn start(
         kind,
         id: request_id(kind),
         created: now(),
-        model: st.model_id.clone(),
+        model: ready.id.clone(),
         choices: reqs.len(),
         prompt_tokens: prompts.iter().map(Vec::len).sum(),
         logprobs: logprobs.is_some(),
@@ -1010,7 +1030,7 @@ fn start(
         &st.log,
         &meta.id,
         endpoint,
-        &st.model_id,
+        &ready.id,
         meta.prompt_tokens,
         meta.choices,
         prompt_log,

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::engine::Event;
 use super::openai::{ApiError, Kind};
-use super::{body_json, collect_one, ready_or_503, start, AppState, Started};
+use super::{body_json, collect_one, models::Entry, start, AppState, Started};
 
 /// ollama's error shape: `{"error": "..."}` with the status.
 fn err(e: ApiError) -> Response {
@@ -180,9 +180,12 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
             let prompt = v.get("prompt").and_then(Value::as_str).unwrap_or("");
             if prompt.is_empty() {
                 // ollama: an empty prompt only loads the model.
-                let ready = ready_or_503(&st).is_ok();
-                let mut m = piece(api, &st.model_id, "", "");
-                m.insert("done".into(), json!(ready));
+                let (done, name) = match st.model(&v).await {
+                    Ok(r) => (true, r.id.clone()),
+                    Err(_) => (false, String::new()),
+                };
+                let mut m = piece(api, &name, "", "");
+                m.insert("done".into(), json!(done));
                 m.insert("done_reason".into(), json!("load"));
                 return Json(Value::Object(m)).into_response();
             }
@@ -201,16 +204,20 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
         }
     };
     let streaming = v.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    let ready = match st.model(&v).await {
+        Ok(r) => r,
+        Err(e) => return err(e),
+    };
     let Started {
         meta,
         mut rx,
         mut log,
         ..
-    } = match start(&st, &Value::Object(req), kind, endpoint, t0) {
+    } = match start(&st, &ready, &Value::Object(req), kind, endpoint, t0) {
         Ok(s) => s,
         Err(e) => return err(e),
     };
-    let model = st.model_id.clone();
+    let model = ready.id.clone();
     // Chat: the plan's options (reasoning split, a template that opens `<think>`); raw
     // generate: plain text.
     let opts = meta.reply.clone().unwrap_or_default();
@@ -311,22 +318,22 @@ pub(super) async fn generate(
     run(st, body, Api::Generate).await
 }
 
-/// The model as `/api/tags` and `/api/ps` list it.
-fn model_entry(st: &AppState) -> Value {
-    let size = std::fs::metadata(&st.path).map(|m| m.len()).unwrap_or(0);
-    let (family, quant, params) = match st.ready.get() {
+/// A model as `/api/tags` and `/api/ps` list it.
+fn model_entry(e: &Entry) -> Value {
+    let size = std::fs::metadata(&e.path).map(|m| m.len()).unwrap_or(0);
+    let (family, quant, params) = match e.ready() {
         Some(r) => (r.arch.to_string(), r.quant.clone(), r.params_label.clone()),
         None => (String::new(), String::new(), String::new()),
     };
     json!({
-        "name": st.model_id,
-        "model": st.model_id,
+        "name": e.id,
+        "model": e.id,
         "modified_at": now_rfc3339(),
         "size": size,
         "digest": "",
         "details": {
             "parent_model": "",
-            "format": if st.path.is_dir() { "safetensors" } else { "gguf" },
+            "format": if e.path.is_dir() { "safetensors" } else { "gguf" },
             "family": family,
             "families": [family],
             "parameter_size": params,
@@ -336,15 +343,25 @@ fn model_entry(st: &AppState) -> Value {
 }
 
 pub(super) async fn tags(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"models": [model_entry(&st)]}))
+    let models: Vec<Value> = st.models.entries.iter().map(|e| model_entry(e)).collect();
+    Json(json!({ "models": models }))
 }
 
+/// The loaded models.
 pub(super) async fn ps(State(st): State<Arc<AppState>>) -> Json<Value> {
-    let mut m = model_entry(&st);
-    m["expires_at"] = json!("9999-12-31T23:59:59Z");
-    m["size_vram"] = json!(0);
-    let loaded = st.ready.get().is_some();
-    Json(json!({"models": if loaded { vec![m] } else { vec![] }}))
+    let models: Vec<Value> = st
+        .models
+        .entries
+        .iter()
+        .filter(|e| e.ready().is_some())
+        .map(|e| {
+            let mut m = model_entry(e);
+            m["expires_at"] = json!("9999-12-31T23:59:59Z");
+            m["size_vram"] = json!(0);
+            m
+        })
+        .collect();
+    Json(json!({ "models": models }))
 }
 
 pub(super) async fn version() -> Json<Value> {
@@ -355,14 +372,23 @@ pub(super) async fn show(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Err(e) = body_json(body) {
-        return err(e);
-    }
-    let ready = match ready_or_503(&st) {
+    let v = match body_json(body) {
+        Ok(v) => v,
+        Err(e) => return err(e),
+    };
+    // ollama's clients send the name as `model` (older ones as `name`).
+    let name = v
+        .get("model")
+        .or_else(|| v.get("name"))
+        .and_then(Value::as_str);
+    let ready = match st.models.get(name).await {
         Ok(r) => r,
         Err(e) => return err(e),
     };
-    let entry = model_entry(&st);
+    let entry = match st.models.find(Some(&ready.id)) {
+        Ok(e) => model_entry(e),
+        Err(e) => return err(e),
+    };
     let template = ready
         .text
         .template
@@ -374,7 +400,7 @@ pub(super) async fn show(
         caps.push("tools");
     }
     Json(json!({
-        "modelfile": format!("FROM {}\n", st.path.display()),
+        "modelfile": format!("FROM {}\n", ready.path.display()),
         "parameters": "",
         "template": template,
         "details": entry["details"],

@@ -152,6 +152,8 @@ pub struct StreamOptions {
 /// Fields both endpoints share.
 #[derive(Deserialize, Debug, Default)]
 pub struct Common {
+    /// Only checked to be a string here: the registry picks the model by it first.
+    #[allow(dead_code)]
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
