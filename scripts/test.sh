@@ -15,3 +15,6 @@ done
 # their absence a failure rather than a skip.
 scripts/install-browser.sh
 LONE_REQUIRE_BROWSER=1 tests/serve/run.sh
+# The deployment recipe (nginx + 3 replicas, one killed and restarted) and a one-minute soak.
+scripts/test-deploy.sh
+python3 scripts/soak.py --minutes 1
