@@ -12,6 +12,8 @@ pub mod config;
 pub mod convert;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generate;
 pub mod imatrix;
 pub mod kernels;

@@ -1,8 +1,6 @@
 //! `lone`: run small language models locally.
 
-mod cmd;
-mod hub;
-mod serve;
+use lone::cmd;
 
 use clap::{Parser, Subcommand};
 

@@ -23,6 +23,15 @@ fn open_one(path: &Path, out: &mut HashMap<String, Tensor>, order: &mut Vec<Stri
     let file = crate::error::open_regular(path)?;
     // SAFETY: read-only map of a model file that lone never writes while it is loaded.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
+    read_map(path, map, out, order)
+}
+
+fn read_map(
+    path: &Path,
+    map: Arc<Mmap>,
+    out: &mut HashMap<String, Tensor>,
+    order: &mut Vec<String>,
+) -> Result<()> {
     let st = SafeTensors::deserialize(&map).map_err(|e| Error::BadFile {
         path: path.to_path_buf(),
         msg: format!("not a valid safetensors file ({e}); is it truncated or corrupt?"),
@@ -57,6 +66,19 @@ fn open_one(path: &Path, out: &mut HashMap<String, Tensor>, order: &mut Vec<Stri
 }
 
 impl SafetensorsFiles {
+    /// One safetensors file held in memory (`label` names it in errors): what the fuzz
+    /// targets read.
+    pub fn from_bytes(label: &Path, bytes: &[u8]) -> Result<SafetensorsFiles> {
+        let map = Arc::new(super::gguf::anon_map(label, bytes)?);
+        let (mut tensors, mut order) = (HashMap::new(), Vec::new());
+        read_map(label, map, &mut tensors, &mut order)?;
+        Ok(SafetensorsFiles {
+            dir: label.to_path_buf(),
+            tensors,
+            order,
+        })
+    }
+
     /// Open `model.safetensors` or the shards listed in `model.safetensors.index.json` in `dir`.
     pub fn open_dir(dir: &Path) -> Result<SafetensorsFiles> {
         let mut tensors = HashMap::new();

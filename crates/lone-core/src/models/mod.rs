@@ -111,6 +111,16 @@ impl Model {
             let g = GgufFile::open(path)?;
             (ModelConfig::from_gguf(&g)?, WeightFiles::Gguf(g))
         };
+        Self::from_files(path, cfg, files)
+    }
+
+    /// A model from a GGUF file already read (in memory, say; `path` names it in errors).
+    pub fn from_gguf(path: &Path, g: GgufFile) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(&g)?;
+        Self::from_files(path, cfg, WeightFiles::Gguf(g))
+    }
+
+    fn from_files(path: &Path, cfg: ModelConfig, files: WeightFiles) -> Result<Model> {
         cfg.validate()?;
         let ws = Weights::open(path, &cfg, files);
         let layers = match cfg.arch {

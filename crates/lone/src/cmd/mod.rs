@@ -11,4 +11,4 @@ pub mod perplexity;
 pub mod run;
 pub mod verify;
 /// `lone serve` lives in `crate::serve` (its own directory: router, OpenAI types, engine, metrics).
-pub(crate) use crate::serve;
+pub use crate::serve;

@@ -72,7 +72,7 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
 }
 
 /// The OpenAI-shaped chat request for a Messages request.
-fn openai_request(v: &Value, counting: bool) -> Result<Value, ApiError> {
+pub(super) fn openai_request(v: &Value, counting: bool) -> Result<Value, ApiError> {
     let mut out = Map::new();
     let mut msgs = Vec::new();
     if let Some(s) = v.get("system").filter(|s| !s.is_null()) {

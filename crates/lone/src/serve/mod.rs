@@ -7,6 +7,8 @@
 mod anthropic;
 mod embeddings;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 pub mod metrics;
 mod models;

@@ -39,7 +39,7 @@ fn now_rfc3339() -> String {
 }
 
 /// ollama's `options` (and top-level `format`) as OpenAI request fields.
-fn openai_fields(v: &Value, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+pub(super) fn openai_fields(v: &Value, out: &mut Map<String, Value>) -> Result<(), ApiError> {
     let o = v.get("options").cloned().unwrap_or(json!({}));
     if !o.is_object() {
         return Err(ApiError::invalid("options", "'options' must be an object"));

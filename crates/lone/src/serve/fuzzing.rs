@@ -1,0 +1,85 @@
+//! The server's request parsing, for the `openai_request` fuzz target (`fuzz/`) and its
+//! stable-toolchain run (`crates/lone/tests/fuzz.rs`): arbitrary bytes as the body of every
+//! generation endpoint, through everything a handler does before it queues sequences — JSON,
+//! typed fields, sampling settings, speculation overrides, messages and roles, tools and
+//! response formats (grammar compilation), the chat template, tokenization, the Anthropic and
+//! ollama conversions. Must return (an error is fine), never panic or hang.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lone_core::text::TextIo;
+use serde_json::{Map, Value};
+
+use super::openai::{self, Prompt};
+use super::{anthropic, ollama, tools};
+
+/// A loaded tokenizer and template to parse requests against (the model itself is not run).
+pub struct RequestFuzz {
+    text: Arc<TextIo>,
+    tools: tools::ToolSupport,
+    vocab: usize,
+}
+
+impl RequestFuzz {
+    /// From a model directory or GGUF file (the tiny fixtures).
+    pub fn new(model: &Path) -> anyhow::Result<RequestFuzz> {
+        let m = lone_core::Model::load(model)?;
+        let text = TextIo::load(&m, model)?;
+        let vocab = m.cfg.vocab_size;
+        let tools = tools::ToolSupport::new(&text, vocab);
+        Ok(RequestFuzz {
+            text: Arc::new(text),
+            tools,
+            vocab,
+        })
+    }
+
+    pub fn run(&self, body: &[u8]) {
+        let Ok(v) = openai::parse_body(body) else {
+            return;
+        };
+        self.openai(&v);
+        if let Ok(req) = anthropic::openai_request(&v, false) {
+            self.openai(&req);
+        }
+        let mut req = Map::new();
+        if ollama::openai_fields(&v, &mut req).is_ok() {
+            if let Some(m) = v.get("messages") {
+                req.insert("messages".into(), m.clone());
+            }
+            self.openai(&Value::Object(req));
+        }
+    }
+
+    /// What `start` checks and builds for a chat and a completions request.
+    fn openai(&self, v: &Value) {
+        let Ok(common) = openai::fields::<openai::Common>(v) else {
+            return;
+        };
+        let _ = common.settings(self.vocab);
+        let _ = common.spec_params(&Default::default(), false);
+        let Ok(tf) = openai::fields::<tools::ToolFields>(v) else {
+            return;
+        };
+        let Ok(plan) = tools::plan(&self.tools, &tf) else {
+            return;
+        };
+        if let Ok(f) = openai::fields::<openai::ChatFields>(v) {
+            if let Ok(msgs) = openai::normalize_messages(&f.messages) {
+                let msgs = tools::template_messages(&self.tools, msgs, &plan);
+                if let Ok(p) =
+                    self.text
+                        .render_chat_tools(&msgs, true, plan.template_tools.as_ref())
+                {
+                    let _ = self.text.tokenizer.encode(&p, false);
+                }
+            }
+        }
+        if let Ok(f) = openai::fields::<openai::CompletionFields>(v) {
+            if let Prompt::Text(s) = &f.prompt {
+                let _ = self.text.encode_raw(s);
+            }
+        }
+    }
+}

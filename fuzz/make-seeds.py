@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Write the fuzz targets' seed corpora (fuzz/seeds/<target>/, committed) from the repository's
+fixtures and ../shared's real configs and templates. Needs gguf-py (llama.cpp's, on PYTHONPATH),
+numpy and safetensors. The whole fixture GGUFs are not copied: scripts/fuzz.sh and
+crates/lone/tests/fuzz.rs add tests/reference/fixtures/*/model-*.gguf at run time."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFWriter, GGUFValueType
+from safetensors.numpy import save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "reference" / "fixtures"
+SHARED = ROOT.parent / "shared" / "assets"
+OUT = ROOT / "fuzz" / "seeds"
+
+
+def fresh(name):
+    d = OUT / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
+
+
+def gguf_seeds():
+    """Each fixture's header (metadata + tensor table, no data) and its metadata alone as a
+    valid tensor-less file (what the tokenizer target parses)."""
+    g, t = fresh("gguf"), fresh("gguf_tokenizer")
+    for fam in sorted(p.name for p in FIX.iterdir() if (p / "model-q8_0.gguf").exists()):
+        src = FIX / fam / "model-q8_0.gguf"
+        r = GGUFReader(src)
+        (g / f"{fam}-header.gguf").write_bytes(src.read_bytes()[: r.data_offset])
+        w = GGUFWriter(t / f"{fam}-meta.gguf", arch="placeholder")
+        w.kv_data = [{}]
+        for f in r.fields.values():
+            if f.name.startswith("GGUF."):
+                continue
+            vt = f.types[0]
+            if vt == GGUFValueType.ARRAY:
+                w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1])
+            else:
+                w.add_key_value(f.name, f.contents(), vt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        shutil.copy(t / f"{fam}-meta.gguf", g / f"{fam}-meta.gguf")
+
+
+def safetensors_seeds():
+    d = fresh("safetensors")
+    save_file({"a": np.zeros((2, 3), np.float32), "b": np.ones(4, np.float16)}, d / "small.safetensors",
+              metadata={"format": "pt"})
+    save_file({"model.embed_tokens.weight": np.arange(12, dtype=np.float32).reshape(3, 4)}, d / "embed.safetensors")
+    save_file({}, d / "empty.safetensors")
+
+
+def config_seeds():
+    d = fresh("config")
+    for p in sorted(FIX.glob("*/config.json")):
+        shutil.copy(p, d / f"{p.parent.name}.json")
+    for p in sorted(SHARED.glob("*/config*.json")):
+        shutil.copy(p, d / p.name)
+
+
+MESSAGES = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "{\"temp\": 21}"},
+    {"role": "user", "content": [{"type": "text", "text": "Thanks!"}]},
+]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}]
+
+
+def template_seeds():
+    d = fresh("chat_template")
+    srcs = sorted(FIX.glob("*/chat_template.jinja")) + sorted(SHARED.glob("chat-templates/*.jinja")) + [
+        SHARED / "lfm2" / "chat_template.jinja"]
+    for p in srcs:
+        name = (p.parent.name + "-" + p.stem).replace(".", "_")
+        src = p.read_bytes()
+        (d / f"{name}.plain").write_bytes(src + b"\0" + json.dumps(MESSAGES[:2]).encode())
+        (d / f"{name}.tools").write_bytes(src + b"\0" + json.dumps({"messages": MESSAGES, "tools": TOOLS}).encode())
+
+
+def request_seeds():
+    d = fresh("openai_request")
+    chat = [{"role": "user", "content": "Hi"}]
+    reqs = {
+        "chat": {"model": "x", "messages": chat, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "stop": ["\n"]},
+        "chat-logprobs": {"messages": chat, "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 1,
+                          "logit_bias": {"5": -100}, "presence_penalty": 0.5, "stream": True,
+                          "stream_options": {"include_usage": True}},
+        "chat-tools": {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": True},
+        "chat-tool-required": {"messages": chat, "tools": TOOLS, "tool_choice": {"type": "function",
+                                                                                  "function": {"name": "get_weather"}}},
+        "chat-json-schema": {"messages": chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0},
+                                                                     "b": {"type": "array", "items": {"type": "string"}}},
+                                    "required": ["a"]}}}},
+        "chat-json-object": {"messages": chat, "response_format": {"type": "json_object"}},
+        "chat-grammar": {"messages": chat, "grammar": "root ::= \"yes\" | \"no\""},
+        "chat-developer": {"messages": [{"role": "developer", "content": "Be brief."}, *chat],
+                           "reasoning_effort": "low", "speculative.n_max": 8, "speculative.type": "ngram-simple"},
+        "completion": {"prompt": "Once upon a time", "max_tokens": 8, "logprobs": 2, "echo": False},
+        "completion-ids": {"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 4, "ignore_eos": True},
+        "anthropic": {"model": "claude", "max_tokens": 32, "system": [{"type": "text", "text": "Be brief."}],
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                      "stop_sequences": ["END"], "top_k": 5},
+        "ollama": {"model": "llama3:latest", "messages": chat, "options": {"num_predict": 8, "temperature": 0.2,
+                                                                          "stop": ["x"], "repeat_penalty": 1.1},
+                   "format": {"type": "object", "properties": {"a": {"type": "string"}}}, "stream": False},
+    }
+    for k, v in reqs.items():
+        (d / f"{k}.json").write_text(json.dumps(v))
+
+
+if __name__ == "__main__":
+    gguf_seeds()
+    safetensors_seeds()
+    config_seeds()
+    template_seeds()
+    request_seeds()
+    for p in sorted(OUT.iterdir()):
+        files = list(p.iterdir())
+        print(p.name, len(files), sum(f.stat().st_size for f in files), "bytes")
