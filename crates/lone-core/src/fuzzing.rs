@@ -14,6 +14,23 @@ use crate::{Batch, Model};
 
 const LABEL: &str = "fuzz-input";
 
+/// xorshift64*: the mutation tests' reproducible stream (no dependency).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
 /// The GGUF reader, then what a model load does with its result: the config, the tokenizer,
 /// every tensor, the model itself and two forward steps.
 pub fn gguf(data: &[u8]) {

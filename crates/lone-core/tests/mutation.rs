@@ -27,19 +27,7 @@ fn fixtures() -> Vec<PathBuf> {
     .collect()
 }
 
-/// xorshift64*: reproducible without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use lone_core::fuzzing::Rng;
 
 /// The part of the file the "header" mutations hit: its first third, which holds the whole
 /// header (metadata, tokenizer, tensor table) and some tensor data in these fixtures; the
@@ -69,7 +57,7 @@ fn mutate(rng: &mut Rng, orig: &[u8]) -> (Vec<u8>, String) {
                 u32::MAX as u64,
                 1 << 60,
                 u64::MAX - 63,
-                rng.next(),
+                rng.next_u64(),
             ][rng.below(7)];
             b[i..i + 8].copy_from_slice(&v.to_le_bytes());
             (b, format!("u64 at {i} = {v:#x}"))

@@ -33,19 +33,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
     out
 }
 
-/// xorshift64*: the same mutations for the same seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use lone_core::fuzzing::Rng;
 
 const INTERESTING: [u64; 12] = [
     0,
@@ -133,9 +121,9 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             6 if n > 0 => d.truncate(rng.below(n)),
             _ if n > 0 => {
                 let i = rng.below(n);
-                d[i] = rng.next() as u8;
+                d[i] = rng.next_u64() as u8;
             }
-            _ => d.push(rng.next() as u8),
+            _ => d.push(rng.next_u64() as u8),
         }
     }
     d
