@@ -546,3 +546,16 @@ def test_speculating_server_gives_the_plain_greedy_output(smol):
         assert r.status_code == 400 and "draft model" in r.json()["error"]["message"]
     finally:
         spec.stop()
+
+
+def test_cache_prompt_false_prefills_the_whole_prompt(tiny):
+    """llama-server's `cache_prompt: false`: nothing is taken from a slot's cache or the prompt
+    cache (the default reuses the shared prefix)."""
+    body = {"prompt": "The same prompt, several times over.", "max_tokens": 2, "temperature": 0}
+    c = tiny.client()
+    c.completions.create(model="x", **body)
+    again = c.completions.create(model="x", **body)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    fresh = c.completions.create(model="x", **body, extra_body={"cache_prompt": False})
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].text == again.choices[0].text

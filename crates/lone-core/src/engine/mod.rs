@@ -74,6 +74,9 @@ pub struct GenRequest {
     pub keep_special: bool,
     /// A grammar the output must follow (masks applied before sampling).
     pub constraint: Option<Constraint>,
+    /// Prefill the whole prompt, reusing nothing from a slot's cache or the prompt cache
+    /// (llama-server's `cache_prompt: false`).
+    pub fresh_prompt: bool,
 }
 
 /// A generated token (and its logprobs when asked for).
@@ -393,7 +396,8 @@ impl<'t> Scheduler<'t> {
                 self.ctx
             )));
         }
-        let max = prompt.len() - 1;
+        // The most prompt tokens a cache may give (the last one is always run, for its logits).
+        let max = if req.fresh_prompt { 0 } else { prompt.len() - 1 };
         let Some(slot) = (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none())
             .max_by_key(|&i| (self.caches[i].reusable(prompt, max), std::cmp::Reverse(i)))

@@ -991,6 +991,7 @@ fn start(
                 spec: spec.clone(),
                 keep_special: plan.keep_special,
                 constraint: plan.constraint.clone(),
+                fresh_prompt: common.cache_prompt == Some(false),
                 ..Default::default()
             });
         }

@@ -155,6 +155,8 @@ pub struct Common {
     /// Only checked to be a string here: the registry picks the model by it first.
     #[allow(dead_code)]
     pub model: Option<String>,
+    /// llama-server's: `false` prefills the whole prompt, reusing no cached prefix.
+    pub cache_prompt: Option<bool>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,
