@@ -397,7 +397,11 @@ impl<'t> Scheduler<'t> {
             )));
         }
         // The most prompt tokens a cache may give (the last one is always run, for its logits).
-        let max = if req.fresh_prompt { 0 } else { prompt.len() - 1 };
+        let max = if req.fresh_prompt {
+            0
+        } else {
+            prompt.len() - 1
+        };
         let Some(slot) = (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none())
             .max_by_key(|&i| (self.caches[i].reusable(prompt, max), std::cmp::Reverse(i)))
