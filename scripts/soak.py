@@ -234,6 +234,7 @@ def main():
             "failures": stats.failures[:20], "rss_mib_after_warmup": round(base_kb / 1024, 1),
             "rss_mib_end": round(end_kb / 1024, 1), "rss_growth": round(growth, 4),
             "rss_note": "resident size minus the prompt cache's bytes",
+            "rss_mib_by_minute": [round(kb / 1024, 1) for t, kb in samples if int(t) % 60 == 0 or t == samples[-1][0]],
             "greedy": [greedy_before, greedy_after],
             "cancelled": m.get("lone_cancelled_total"), "generated_tokens": m.get("lone_generated_tokens_total"),
             "checks": checks,
