@@ -186,7 +186,8 @@ def main():
         greedy_before = greedy()
 
         total = a.minutes * 60
-        warmup = max(10.0, total * 0.2)
+        # The first minute fills allocator arenas, slot caches and the prompt cache.
+        warmup = max(60.0, total * 0.2) if total > 60 else total / 2
         t0 = time.time()
         until = t0 + total
         stats = Stats()

@@ -15,6 +15,7 @@ done
 # their absence a failure rather than a skip.
 scripts/install-browser.sh
 LONE_REQUIRE_BROWSER=1 tests/serve/run.sh
-# The deployment recipe (nginx + 3 replicas, one killed and restarted) and a one-minute soak.
+# The deployment recipe (nginx + 3 replicas, one killed and restarted) and a two-minute soak
+# (one minute of warm-up, one measured).
 scripts/test-deploy.sh
-python3 scripts/soak.py --minutes 1
+python3 scripts/soak.py --minutes 2
