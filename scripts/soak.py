@@ -135,7 +135,7 @@ def client(base, seed, until, stats):
                         if not line:
                             continue
                         n += 1
-                        if '"error"' in line and ("data: {\"error\"" in line or line.startswith("{\"error\"")):
+                        if line.startswith(('data: {"error"', '{"error"')):
                             stats.add(what, False, f"stream error {line[:300]} for {body}")
                             ended = True
                             break

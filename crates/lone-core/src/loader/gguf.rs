@@ -187,16 +187,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// `bytes` in an anonymous read-only map, so in-memory files take the same path as mapped ones.
-pub(crate) fn anon_map(label: &Path, bytes: &[u8]) -> Result<Mmap> {
-    let mut m = memmap2::MmapOptions::new()
-        .len(bytes.len())
-        .map_anon()
-        .map_err(|e| Error::io(label, e))?;
-    m.copy_from_slice(bytes);
-    m.make_read_only().map_err(|e| Error::io(label, e))
-}
-
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
@@ -209,7 +199,7 @@ impl GgufFile {
 
     /// A GGUF file held in memory (`label` names it in errors): what the fuzz targets read.
     pub fn from_bytes(label: &Path, bytes: &[u8]) -> Result<GgufFile> {
-        Self::parse(label, Arc::new(anon_map(label, bytes)?))
+        Self::parse(label, Arc::new(super::anon_map(label, bytes)?))
     }
 
     fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile> {

@@ -14,6 +14,17 @@ use crate::tensor::Tensor;
 use self::gguf::GgufFile;
 use self::safetensors::SafetensorsFiles;
 
+/// `bytes` in an anonymous read-only map, so in-memory files (the fuzz targets') take the
+/// same path as mapped ones.
+pub(crate) fn anon_map(label: &Path, bytes: &[u8]) -> Result<memmap2::Mmap> {
+    let mut m = memmap2::MmapOptions::new()
+        .len(bytes.len())
+        .map_anon()
+        .map_err(|e| Error::io(label, e))?;
+    m.copy_from_slice(bytes);
+    m.make_read_only().map_err(|e| Error::io(label, e))
+}
+
 /// Where a model's weights come from.
 pub enum WeightFiles {
     Safetensors(SafetensorsFiles),

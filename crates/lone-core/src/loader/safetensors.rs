@@ -69,7 +69,7 @@ impl SafetensorsFiles {
     /// One safetensors file held in memory (`label` names it in errors): what the fuzz
     /// targets read.
     pub fn from_bytes(label: &Path, bytes: &[u8]) -> Result<SafetensorsFiles> {
-        let map = Arc::new(super::gguf::anon_map(label, bytes)?);
+        let map = Arc::new(super::anon_map(label, bytes)?);
         let (mut tensors, mut order) = (HashMap::new(), Vec::new());
         read_map(label, map, &mut tensors, &mut order)?;
         Ok(SafetensorsFiles {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use lone_core::cache::{KvType, SeqCache, DEFAULT_ROLLBACK};
+use lone_core::cache::KvType;
 use lone_core::config::LayerKind;
 use lone_core::text::TextIo;
 use lone_core::Model;
@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use super::common;
 use super::model_info::{
-    cpu_model, fmt_bytes, fmt_params, measure_membw, model_info, tensor_table,
+    cache_bytes, cpu_model, file_bytes, fmt_bytes, fmt_params, measure_membw, model_info,
+    tensor_table,
 };
 
 #[derive(Args, Debug)]
@@ -29,20 +30,6 @@ pub struct InspectArgs {
     /// Leave out the tensor table (text output).
     #[arg(long)]
     pub no_tensors: bool,
-}
-
-/// Bytes of cache state for a KV type: per context token (full-attention layers), and fixed
-/// per sequence (sliding-window rings, conv state, with the rows kept for rolling back).
-fn cache_bytes(model: &Model, kv: KvType) -> (u64, u64) {
-    let c = &model.cfg;
-    let row = kv.row_bytes(c.n_kv_heads * c.head_dim) as u64;
-    let attention = c
-        .layer_kinds
-        .iter()
-        .filter(|k| **k == LayerKind::Attention)
-        .count() as u64;
-    let fixed = SeqCache::with_kv_type(c, DEFAULT_ROLLBACK, kv).bytes() as u64;
-    (2 * row * attention, fixed)
 }
 
 fn layer_summary(model: &Model) -> String {
@@ -71,19 +58,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let info = model_info(&model, &path);
     let tensors = tensor_table(&model);
-    let file_bytes: u64 = if path.is_dir() {
-        std::fs::read_dir(&path)
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.metadata().ok())
-                    .filter(|m| m.is_file())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    } else {
-        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
-    };
+    let file_bytes = file_bytes(&path);
     let c = &model.cfg;
     let caches: Vec<Value> = [KvType::F32, KvType::F16, KvType::Q8_0]
         .into_iter()

@@ -4,9 +4,42 @@
 use std::path::Path;
 use std::time::Instant;
 
+use lone_core::cache::{KvType, SeqCache, DEFAULT_ROLLBACK};
+use lone_core::config::LayerKind;
 use lone_core::loader::WeightFiles;
 use lone_core::Model;
 use serde_json::{json, Value};
+
+/// Bytes a model's files take on disk: the file, or a checkpoint directory's regular files.
+pub fn file_bytes(path: &Path) -> u64 {
+    if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Bytes of cache state for a KV type: per context token (full-attention layers), and fixed
+/// per sequence (sliding-window rings, conv state, with the rows kept for rolling back).
+pub fn cache_bytes(model: &Model, kv: KvType) -> (u64, u64) {
+    let c = &model.cfg;
+    let row = kv.row_bytes(c.n_kv_heads * c.head_dim) as u64;
+    let attention = c
+        .layer_kinds
+        .iter()
+        .filter(|k| **k == LayerKind::Attention)
+        .count() as u64;
+    let fixed = SeqCache::with_kv_type(c, DEFAULT_ROLLBACK, kv).bytes() as u64;
+    (2 * row * attention, fixed)
+}
 
 /// What the table and the JSON lines say about the model and the machine.
 pub struct Info {

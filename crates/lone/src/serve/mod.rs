@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use self::engine::{Engine, EngineConfig, Event, GenRequest, SubmitError};
 use self::metrics::Metrics;
 use self::openai::{ApiError, ChoiceAcc, Chunker, Kind, Meta, Prompt};
-use crate::cmd::common;
+use crate::cmd::{common, model_info};
 
 /// Largest request body.
 pub const BODY_LIMIT: usize = 2 << 20;
@@ -160,8 +160,9 @@ pub struct Ready {
     params_label: String,
     /// Embedding width.
     hidden: usize,
-    /// KV-cache bytes one position takes in one slot (for `--mem-budget`).
-    kv_bytes_per_position: usize,
+    /// Host memory it takes with every slot's cache full (weights + caches), for
+    /// `--mem-budget`.
+    mem_bytes: u64,
 }
 
 struct AppState {
@@ -269,19 +270,7 @@ async fn serve(a: ServeArgs, state: Arc<AppState>) -> Result<()> {
 
 fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
     let model = common::load_model(path, a.threads)?;
-    let attention_layers = model
-        .cfg
-        .layer_kinds
-        .iter()
-        .filter(|k| **k != lone_core::config::LayerKind::Conv)
-        .count();
-    let elem_bytes = match model.kv_type {
-        lone_core::cache::KvType::F32 => 4.0,
-        lone_core::cache::KvType::F16 => 2.0,
-        lone_core::cache::KvType::Q8_0 => 34.0 / 32.0,
-    };
-    let kv_bytes_per_position =
-        (attention_layers * 2 * model.cfg.n_kv_heads * model.cfg.head_dim) as f64 * elem_bytes;
+    let (kv_per_token, kv_fixed) = model_info::cache_bytes(&model, model.kv_type);
     let mut text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
     if let Some(f) = &a.chat_template_file {
         let src = std::fs::read_to_string(f)
@@ -323,7 +312,11 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
     let spec_default = spec.as_ref().map(|s| s.params.clone()).unwrap_or_default();
     let has_draft = spec.as_ref().is_some_and(|s| s.draft_model().is_some());
     let tools = tools::ToolSupport::new(&text, vocab);
-    let info = crate::cmd::model_info::model_info(&model, path);
+    let info = model_info::model_info(&model, path);
+    let slot_bytes = kv_fixed.saturating_add(kv_per_token.saturating_mul(ctx as u64));
+    let mem_bytes = info
+        .size_bytes
+        .saturating_add(slot_bytes.saturating_mul(a.parallel as u64));
     let params_label = if info.params >= 1_000_000_000 {
         format!("{:.1}B", info.params as f64 / 1e9)
     } else {
@@ -334,7 +327,7 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
     Ok(Ready {
         id: id.to_string(),
         path: path.to_path_buf(),
-        kv_bytes_per_position: kv_bytes_per_position.ceil() as usize,
+        mem_bytes,
         engine,
         text,
         ctx,

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::metrics::Metrics;
 use super::openai::ApiError;
 use super::{load, Ready, ServeArgs};
+use crate::cmd::model_info::file_bytes;
 
 /// Where a model is.
 #[derive(Clone)]
@@ -49,7 +50,7 @@ pub struct Entry {
     status: Mutex<Status>,
     /// The registry's clock at the last request (least recently used goes first).
     last_used: AtomicU64,
-    /// Host memory it takes when loaded (weights file + a full KV cache per slot), estimated.
+    /// Host memory it takes when loaded (weights + a full cache per slot), estimated.
     bytes: AtomicU64,
 }
 
@@ -159,23 +160,6 @@ fn scan_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// Bytes a model's files take on disk.
-fn disk_bytes(p: &Path) -> u64 {
-    if p.is_dir() {
-        std::fs::read_dir(p)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    } else {
-        std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-    }
-}
-
 impl Registry {
     pub fn new(a: &ServeArgs, models: Vec<(String, PathBuf)>) -> Result<Registry> {
         let single = models.len() == 1;
@@ -188,7 +172,8 @@ impl Registry {
                 }
                 names.dedup();
                 Arc::new(Entry {
-                    bytes: AtomicU64::new(disk_bytes(&path)),
+                    // Until it is loaded: its files' size.
+                    bytes: AtomicU64::new(file_bytes(&path)),
                     id,
                     names,
                     path,
@@ -306,7 +291,7 @@ impl Registry {
         }
     }
 
-    /// Start loading `entry` (at start with one model). Its status must be `Loading`.
+    /// Start loading `entry` (at start with one model).
     pub fn start_load(self: &Arc<Self>, entry: &Arc<Entry>) {
         entry.set(Status::Loading);
         self.spawn_load(entry.clone());
@@ -335,11 +320,7 @@ impl Registry {
         let t0 = Instant::now();
         match load(&self.args, &entry.id, &entry.path, &entry.metrics) {
             Ok(r) => {
-                let kv =
-                    r.kv_bytes_per_position as u64 * r.ctx as u64 * r.engine.cfg.parallel as u64;
-                entry
-                    .bytes
-                    .store(disk_bytes(&entry.path).saturating_add(kv), Relaxed);
+                entry.bytes.store(r.mem_bytes, Relaxed);
                 eprintln!(
                     "lone serve: model {} ready in {:.1} s ({} slots, context {}, queue {})",
                     entry.id,

@@ -180,11 +180,10 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
             let prompt = v.get("prompt").and_then(Value::as_str).unwrap_or("");
             if prompt.is_empty() {
                 // ollama: an empty prompt only loads the model.
-                let (done, name) = match st.model(&v).await {
-                    Ok(r) => (true, r.id.clone()),
-                    Err(_) => (false, String::new()),
-                };
-                let mut m = piece(api, &name, "", "");
+                let done = st.model(&v).await.is_ok();
+                let name = v.get("model").and_then(Value::as_str);
+                let id = st.models.find(name).map_or("", |e| e.id.as_str());
+                let mut m = piece(api, id, "", "");
                 m.insert("done".into(), json!(done));
                 m.insert("done_reason".into(), json!("load"));
                 return Json(Value::Object(m)).into_response();
@@ -320,7 +319,7 @@ pub(super) async fn generate(
 
 /// A model as `/api/tags` and `/api/ps` list it.
 fn model_entry(e: &Entry) -> Value {
-    let size = std::fs::metadata(&e.path).map(|m| m.len()).unwrap_or(0);
+    let size = crate::cmd::model_info::file_bytes(&e.path);
     let (family, quant, params) = match e.ready() {
         Some(r) => (r.arch.to_string(), r.quant.clone(), r.params_label.clone()),
         None => (String::new(), String::new(), String::new()),
