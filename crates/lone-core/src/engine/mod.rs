@@ -507,6 +507,15 @@ impl<'t> Scheduler<'t> {
             })
             .collect();
         prefilling.sort_unstable();
+        // Prompt rows go in a pass of their own (outside fast mode): they are processed
+        // exactly, decode rows with the mode's kernels, and neither changes with the other's
+        // presence — a sequence's logits are the same alone, batched, or after a cached
+        // prefix (tests/batch_invariance.rs). Fast mode shares one pass.
+        let mut pbatch = Batch {
+            prompt: true,
+            ..Batch::default()
+        };
+        let mut powners: Vec<(usize, usize, Vec<u32>)> = Vec::new();
         let mut budget = PREFILL_BUDGET;
         for (_, i) in prefilling {
             if budget == 0 {
@@ -518,33 +527,37 @@ impl<'t> Scheduler<'t> {
             let n = (prompt.len() - start).min(budget);
             for (j, &tok) in prompt[start..start + n].iter().enumerate() {
                 let last = start + j + 1 == prompt.len();
-                batch.push(i, start + j, tok, last);
+                pbatch.push(i, start + j, tok, last);
                 if last {
-                    owners.push((i, 1, Vec::new()));
+                    powners.push((i, 1, Vec::new()));
                 }
             }
             budget -= n;
             st.prefill_rows += n;
         }
-        if batch.is_empty() {
-            return Ok(st);
-        }
-        // Auto mode's promise: prompts are processed exactly. A step with prompt rows runs
-        // exact (the decode rows sharing it too); only decode-only steps take the 8-bit
-        // matrix-vector kernels. A prompt's last rows, fewer than the GEMM threshold in their
-        // chunk, would otherwise take them: on SmolLM2-135M Q4_1 that alone turns "Paris"
-        // into "L'Étoile…" (what llama.cpp answers with 8-bit activations everywhere).
-        let _exact_prompt = (st.prefill_rows > 0 && kernels::mode() == kernels::Mode::Auto)
-            .then(|| kernels::exact_scope(true));
-        let t0 = std::time::Instant::now();
-        let out = model.forward(&batch, &mut self.caches)?;
-        st.forward_ns = t0.elapsed().as_nanos() as u64;
+        let passes = if model.compute.mode() == kernels::Mode::Fast {
+            for ((&t, r), &l) in pbatch.tokens.iter().zip(&pbatch.rows).zip(&pbatch.logits) {
+                batch.push(r.seq, r.pos, t, l);
+            }
+            owners.append(&mut powners);
+            vec![(batch, owners)]
+        } else {
+            vec![(batch, owners), (pbatch, powners)]
+        };
         let v = model.cfg.vocab_size;
-        let mut row = 0;
-        for (slot, n, d) in owners {
-            let logits = &out.logits[row * v..(row + n) * v];
-            row += n;
-            self.verify(slot, logits, &d, &mut st, emit);
+        for (batch, owners) in passes {
+            if batch.is_empty() {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            let out = model.forward(&batch, &mut self.caches)?;
+            st.forward_ns += t0.elapsed().as_nanos() as u64;
+            let mut row = 0;
+            for (slot, n, d) in owners {
+                let logits = &out.logits[row * v..(row + n) * v];
+                row += n;
+                self.verify(slot, logits, &d, &mut st, emit);
+            }
         }
         Ok(st)
     }

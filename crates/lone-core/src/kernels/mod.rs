@@ -54,9 +54,11 @@ pub fn set_threads(n: usize) -> bool {
     pool::set_threads(n)
 }
 
-/// Number of threads the kernels use (the caller included).
+/// Number of threads the kernels use (the caller included): the pool's, or fewer where this
+/// thread's [`Compute`] says so.
 pub fn threads() -> usize {
-    pool::global().threads()
+    let n = pool::global().threads();
+    threads_here().map_or(n, |t| t.clamp(1, n))
 }
 
 // ------------------------------------------------------------------ numeric mode
@@ -100,8 +102,28 @@ impl Mode {
 
 /// 0: not yet read from `LONE_EXACT`; else 1 + the [`Mode`].
 static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// What the current thread's matmuls use, set by a [`Scope`] (a model's [`Compute`] for
+/// the length of its forward pass, or a test's [`exact_scope`]).
+#[derive(Clone, Copy, Default)]
+struct Here {
+    /// None: the process-wide mode.
+    mode: Option<Mode>,
+    /// Prompt rows: every row count takes the f32 GEMM where the format has one (see
+    /// [`Compute::enter`]).
+    prompt: bool,
+    /// Most threads a parallel region of this thread uses; None: the pool's.
+    threads: Option<usize>,
+}
+
 thread_local! {
-    static MODE_HERE: Cell<Option<Mode>> = const { Cell::new(None) };
+    static HERE: Cell<Here> = const {
+        Cell::new(Here {
+            mode: None,
+            prompt: false,
+            threads: None,
+        })
+    };
 }
 
 fn mode_from(v: u8) -> Mode {
@@ -117,13 +139,15 @@ pub fn set_exact(on: bool) {
     set_mode(if on { Mode::Exact } else { Mode::Fast });
 }
 
-/// Set the process-wide numeric mode. The initial value comes from the environment:
-/// `LONE_EXACT=0` starts in fast mode, `LONE_EXACT=1` in exact mode, else [`Mode::Auto`].
+/// Set the process-wide numeric mode (what a model whose [`Compute`] names none uses). The
+/// initial value comes from the environment: `LONE_EXACT=0` starts in fast mode,
+/// `LONE_EXACT=1` in exact mode, else [`Mode::Auto`].
 pub fn set_mode(m: Mode) {
     MODE.store(1 + m as u8, Ordering::SeqCst);
 }
 
-fn global_mode() -> Mode {
+/// The process-wide numeric mode.
+pub fn global_mode() -> Mode {
     match MODE.load(Ordering::Relaxed) {
         0 => {
             let m = match std::env::var("LONE_EXACT").as_deref().map(str::trim) {
@@ -140,7 +164,13 @@ fn global_mode() -> Mode {
 
 /// The mode matmuls issued from this thread use.
 pub fn mode() -> Mode {
-    MODE_HERE.with(|c| c.get()).unwrap_or_else(global_mode)
+    HERE.with(|c| c.get()).mode.unwrap_or_else(global_mode)
+}
+
+/// Whether this thread's matmuls are on prompt rows ([`Compute::enter`]): attention then
+/// takes its GEMM form for every run of rows too.
+pub fn prompt_rows() -> bool {
+    HERE.with(|c| c.get()).prompt
 }
 
 /// Whether matmuls issued from this thread are exact on every path (f32 activations).
@@ -152,18 +182,67 @@ pub fn exact() -> bool {
     }
 }
 
-/// Override the mode for matmuls issued from the current thread until the guard drops:
-/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
-pub fn exact_scope(on: bool) -> ExactScope {
-    ExactScope(MODE_HERE.with(|c| c.replace(Some(if on { Mode::Exact } else { Mode::Fast }))))
+/// How a model computes: its numeric mode and threads, owned by the model (so a draft model
+/// and its target can differ) and in force on the calling thread for each forward pass
+/// ([`Compute::enter`]). `None` fields keep what the calling thread has (a test's
+/// [`exact_scope`]), else the process-wide settings ([`set_mode`], [`set_threads`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compute {
+    pub mode: Option<Mode>,
+    /// Threads of each parallel region (the caller included), at most the pool's.
+    pub threads: Option<usize>,
 }
 
-/// See [`exact_scope`].
-pub struct ExactScope(Option<Mode>);
-impl Drop for ExactScope {
-    fn drop(&mut self) {
-        MODE_HERE.with(|c| c.set(self.0));
+impl Compute {
+    /// The mode this context resolves to on the calling thread now.
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or_else(mode)
     }
+
+    /// Put this context in force on the current thread until the guard drops. `prompt`: the
+    /// rows are prompt tokens. Outside fast mode those are processed exactly and every row
+    /// count takes the f32 GEMM (on x86), whose result for a row does not depend on the other
+    /// rows or their number (each output is one FMA chain over `k`): a prompt gives the same
+    /// logits whether it comes whole, in chunks, or after a cached prefix. Decode rows take
+    /// the mode's matrix-vector kernels.
+    pub fn enter(&self, prompt: bool) -> Scope {
+        let m = self.mode();
+        let (mode, prompt) = if prompt && m != Mode::Fast {
+            (Mode::Exact, true)
+        } else {
+            (m, false)
+        };
+        Scope(HERE.with(|c| {
+            c.replace(Here {
+                mode: Some(mode),
+                prompt,
+                threads: self.threads.or(c.get().threads),
+            })
+        }))
+    }
+}
+
+/// Override the mode for matmuls issued from the current thread until the guard drops:
+/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
+pub fn exact_scope(on: bool) -> Scope {
+    Compute {
+        mode: Some(if on { Mode::Exact } else { Mode::Fast }),
+        threads: None,
+    }
+    .enter(false)
+}
+
+/// A [`Compute`] in force on this thread; dropping it restores what was.
+pub struct Scope(Here);
+impl Drop for Scope {
+    fn drop(&mut self) {
+        HERE.with(|c| c.set(self.0));
+    }
+}
+
+/// Most threads this thread's parallel regions use.
+fn threads_here() -> Option<usize> {
+    HERE.with(|c| c.get()).threads
 }
 
 // ------------------------------------------------------------------ instruction sets
@@ -1228,7 +1307,7 @@ fn path(kern: &Kernel, n: usize, k: usize) -> Path {
     if kern.bgemm && n >= BGEMM_MIN_ROWS {
         return Path::Bgemm;
     }
-    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS) {
+    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS || prompt_rows()) {
         return Path::Gemm(g.tb);
     }
     #[cfg(target_arch = "x86_64")]

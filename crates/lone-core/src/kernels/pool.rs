@@ -38,6 +38,8 @@ struct Shared {
     /// by a worker only after it joined that generation (a successful CAS on `state`); the
     /// caller does not touch it again until every joined worker has finished.
     job: UnsafeCell<Option<JobRef>>,
+    /// Most workers that may join the current job (written before it is published).
+    cap: AtomicUsize,
     sleepers: AtomicUsize,
     park: Mutex<()>,
     wake: Condvar,
@@ -67,6 +69,7 @@ impl Pool {
             state: AtomicU64::new(0),
             finished: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
+            cap: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -92,9 +95,15 @@ impl Pool {
     /// Run `f` on the calling thread and on every worker that joins in time; return when all
     /// of those calls have returned. `f` must share out its work itself (each call keeps
     /// taking items until none are left): any subset of the threads may run it.
+    #[cfg(test)]
     pub fn run(&self, f: &(dyn Fn() + Sync)) {
+        self.run_with(self.n, f)
+    }
+
+    /// [`Pool::run`] on at most `threads` threads (the caller included).
+    pub fn run_with(&self, threads: usize, f: &(dyn Fn() + Sync)) {
         let nested = IN_JOB.with(|c| c.get());
-        let guard = if self.n > 1 && !nested {
+        let guard = if self.n > 1 && threads > 1 && !nested {
             self.busy.try_lock().ok()
         } else {
             None
@@ -112,6 +121,7 @@ impl Pool {
         // workers have finished, and the next generation is not yet published.
         unsafe { *s.job.get() = Some(ptr) };
         s.finished.store(0, Ordering::SeqCst);
+        s.cap.store(threads - 1, Ordering::SeqCst);
         let gen = (s.state.load(Ordering::SeqCst) >> 32) + 1;
         s.state.store(gen << 32, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
@@ -166,7 +176,10 @@ fn worker(s: Arc<Shared>) {
         seen = st >> 32;
         // Join unless the caller has already closed this generation.
         let joined = loop {
-            if st & CLOSED != 0 || st >> 32 != seen {
+            if st & CLOSED != 0
+                || st >> 32 != seen
+                || (st & JOINED) as usize >= s.cap.load(Ordering::SeqCst)
+            {
                 break false;
             }
             match s
@@ -227,12 +240,13 @@ pub fn parallel_for(n: usize, chunk: usize, f: &(dyn Fn(std::ops::Range<usize>) 
         return;
     }
     let pool = global();
-    if n <= chunk || pool.threads() == 1 {
+    let threads = super::threads();
+    if n <= chunk || threads == 1 {
         f(0..n);
         return;
     }
     let next = AtomicUsize::new(0);
-    pool.run(&|| loop {
+    pool.run_with(threads, &|| loop {
         let start = next.fetch_add(chunk, Ordering::Relaxed);
         if start >= n {
             break;

@@ -26,13 +26,18 @@ pub struct Batch {
     pub rows: Vec<Row>,
     /// Which rows need logits (prefill usually only wants the last).
     pub logits: Vec<bool>,
+    /// The rows are known tokens (a prompt), not sampled ones: outside fast mode they are
+    /// processed exactly, the same way whatever their number ([`crate::kernels::Compute::enter`]).
+    pub prompt: bool,
 }
 
 impl Batch {
-    /// `tokens` of sequence `seq` starting at position `start`.
+    /// Known `tokens` of sequence `seq` (a prompt, or a reply being fed back) starting at
+    /// position `start`.
     pub fn for_sequence(seq: usize, start: usize, tokens: &[u32], all_logits: bool) -> Batch {
         let n = tokens.len();
         Batch {
+            prompt: true,
             tokens: tokens.to_vec(),
             rows: (0..n)
                 .map(|i| Row {
@@ -87,6 +92,8 @@ pub struct Model {
     pub weights: Weights,
     /// How [`Model::new_cache`] stores attention keys and values (default f32, exact).
     pub kv_type: KvType,
+    /// Numeric mode and threads of this model's forward passes.
+    pub compute: crate::kernels::Compute,
 }
 
 impl Model {
@@ -152,6 +159,7 @@ impl Model {
             lm_head,
             weights: ws,
             kv_type: KvType::F32,
+            compute: Default::default(),
         })
     }
 
@@ -176,6 +184,7 @@ impl Model {
     /// so the greedy token does not depend on it.
     pub fn row_invariant_rows(&self) -> usize {
         use crate::loader::WeightFiles;
+        let _compute = self.compute.enter(false);
         const HEAD: [&str; 4] = [
             "token_embd.weight",
             "output.weight",
@@ -249,6 +258,7 @@ impl Model {
         capture_hidden: bool,
     ) -> Result<ForwardOutput> {
         self.check_batch(batch, caches)?;
+        let _compute = self.compute.enter(batch.prompt);
         let mut out = ForwardOutput::default();
         if batch.is_empty() {
             return Ok(out);

@@ -137,8 +137,33 @@ impl Attention {
             );
         }
         let mut ctx = vec![0.0; n * qd];
-        // A long prefill of one sequence with a full-attention cache attends as matrix
-        // products, all rows at once (`chunk` is then n).
+        // Prompt rows with a full-attention cache attend as matrix products, each sequence's
+        // run of rows at once, however many: a row's result is then the same whatever rows
+        // share its pass (prompts give the same logits whole, chunked or after a cached
+        // prefix). Elsewhere a long prefill of one sequence does (`chunk` is then n).
+        if self.window.is_none() && kernels::prompt_rows() {
+            if let Some(runs) = sequence_runs(rows, caches, layer) {
+                for (i, r) in rows.iter().enumerate() {
+                    write_kv(
+                        &mut caches[r.seq].layers[layer],
+                        r.pos,
+                        &k[i * kvd..(i + 1) * kvd],
+                        &v[i * kvd..(i + 1) * kvd],
+                    );
+                }
+                for (s, e) in runs {
+                    self.attend_gemm(
+                        &q[s * qd..e * qd],
+                        &caches[rows[s].seq].layers[layer],
+                        rows[s].pos,
+                        e - s,
+                        &mut ctx[s * qd..e * qd],
+                    );
+                }
+                self.apply_gate(gates.as_deref(), &mut ctx);
+                return ctx;
+            }
+        }
         let gemm_from = self.one_sequence_prefill(rows, caches, layer);
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
@@ -388,6 +413,25 @@ impl Attention {
         let ctx = self.context(x, rows, caches, layer);
         self.o.forward(&ctx, rows.len())
     }
+}
+
+/// `rows` as runs `(start, end)` of consecutive positions of one sequence, if every row's
+/// cache is a full-attention one.
+fn sequence_runs(rows: &[Row], caches: &[SeqCache], layer: usize) -> Option<Vec<(usize, usize)>> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        if !matches!(
+            caches.get(r.seq)?.layers.get(layer)?,
+            LayerCache::Attention { .. }
+        ) {
+            return None;
+        }
+        match runs.last_mut() {
+            Some((s, e)) if rows[*s].seq == r.seq && rows[*s].pos + (i - *s) == r.pos => *e = i + 1,
+            _ => runs.push((i, i + 1)),
+        }
+    }
+    Some(runs)
 }
 
 /// Offset of KV head `kvh` in cache row `row` (rows of `kvd`, heads of `hd`).

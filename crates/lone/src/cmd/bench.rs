@@ -223,7 +223,8 @@ fn time_decode(model: &Model, context: &[u32], first: u32, n: usize) -> Result<f
     for _ in 0..n {
         let tok = sampler.sample(&logits, &history);
         history.push(tok);
-        let batch = Batch::for_sequence(0, cache.len(), &[tok], false);
+        let mut batch = Batch::default();
+        batch.push(0, cache.len(), tok, true);
         logits = model
             .forward(&batch, std::slice::from_mut(&mut cache))?
             .logits;
