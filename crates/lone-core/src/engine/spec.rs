@@ -153,8 +153,12 @@ impl Speculator {
     ) -> Result<Speculator> {
         params.validate(draft.is_some()).map_err(Error::Input)?;
         let draft = match draft {
-            Some((m, tok)) => {
+            Some((mut m, tok)) => {
                 check_vocab(target, target_tok, &m, tok)?;
+                // Its numerics never reach the output (the target verifies every token):
+                // unless told otherwise it runs in fast mode, prompts included (8-bit GEMMs,
+                // no exact rescoring of its head).
+                m.compute.mode.get_or_insert(crate::kernels::Mode::Fast);
                 Some(m)
             }
             None => None,

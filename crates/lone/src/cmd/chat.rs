@@ -295,7 +295,12 @@ impl Session {
         all.extend_from_slice(&reply.tokens);
         let held = self.cache.len();
         if held < all.len() && self.cache.tokens() == &all[..held] && all.len() <= self.ctx {
-            let batch = Batch::for_sequence(0, held, &all[held..], false);
+            // Sampled tokens: decode rows, as the reply's others were (a prompt pass would
+            // run them exactly, where the other reply tokens took the decode kernels).
+            let mut batch = Batch::default();
+            for (i, &t) in all[held..].iter().enumerate() {
+                batch.push(0, held + i, t, i + 1 == all.len() - held);
+            }
             self.model
                 .forward(&batch, std::slice::from_mut(&mut self.cache))?;
             fed = all.len() - held;
