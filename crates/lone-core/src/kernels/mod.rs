@@ -109,6 +109,9 @@ static MODE: AtomicU8 = AtomicU8::new(0);
 struct Here {
     /// None: the process-wide mode.
     mode: Option<Mode>,
+    /// The model's own mode while `mode` is a prompt pass's exact one (what its decode rows
+    /// take: whether the packed layouts are in use).
+    base: Option<Mode>,
     /// Prompt rows: every row count takes the f32 GEMM where the format has one (see
     /// [`Compute::enter`]).
     prompt: bool,
@@ -120,6 +123,7 @@ thread_local! {
     static HERE: Cell<Here> = const {
         Cell::new(Here {
             mode: None,
+            base: None,
             prompt: false,
             threads: None,
         })
@@ -215,6 +219,7 @@ impl Compute {
         Scope(HERE.with(|c| {
             c.replace(Here {
                 mode: Some(mode),
+                base: Some(m),
                 prompt,
                 threads: self.threads.or(c.get().threads),
             })
@@ -238,6 +243,14 @@ impl Drop for Scope {
     fn drop(&mut self) {
         HERE.with(|c| c.set(self.0));
     }
+}
+
+/// Whether `dtype`'s decode kernels in this thread's base mode read the packed layout, so
+/// that a prompt GEMM should build it (and read only it) rather than the file's pages.
+fn packs_here(dtype: DType) -> bool {
+    let here = HERE.with(|c| c.get());
+    let m = here.base.or(here.mode).unwrap_or_else(global_mode);
+    active().table[dtype_index(dtype)][m as usize].packed
 }
 
 /// Most threads this thread's parallel regions use.
@@ -1331,6 +1344,43 @@ fn run_gemm_path(p: Path, jobs: &[Job], x: &[f32], n: usize) {
 }
 
 thread_local! {
+    static RBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Builds the packed copy of every job's weights that this thread's decode kernels will read
+/// anyway, before a GEMM reads the stored rows: from then on only that copy is read (the
+/// file's pages of the original are handed back), so a model holds its weights once.
+fn pack_for_decode(jobs: &[Job]) {
+    for j in jobs {
+        if packed::packs(j.w.dtype) && j.w.packed_if_built().is_none() && packs_here(j.w.dtype) {
+            j.w.packed(packed::rows_by_8);
+        }
+    }
+}
+
+/// Calls `f` with a pointer to weight rows `range` of `w` in the stored layout: the tensor's
+/// own bytes or, once it has a packed copy, those rows rebuilt from it (`range` starts at a
+/// multiple of 8: the GEMM tiles do).
+fn with_stored_rows<R>(
+    w: &Tensor,
+    range: std::ops::Range<usize>,
+    f: impl FnOnce(*const u8) -> R,
+) -> R {
+    let rb = w.row_bytes();
+    match w.packed_if_built() {
+        Some(p) if packed::packs(w.dtype) => RBUF.with(|b| {
+            let mut b = b.borrow_mut();
+            grow(&mut b, range.len() * rb);
+            packed::stored_rows(w, p, range.start, range.len(), &mut b);
+            f(b.as_ptr())
+        }),
+        // SAFETY: the rows of `range` lie inside the tensor's n_rows·rb bytes (the callers'
+        // ranges are within its rows).
+        _ => f(unsafe { w.data().as_ptr().add(range.start * rb) }),
+    }
+}
+
+thread_local! {
     static GBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static XPACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -1339,6 +1389,7 @@ thread_local! {
 /// `g.tb` rows ([`GemmArgs`]); each task dequantizes `GEMM_TILE_ROWS` weight rows into f32
 /// once and multiplies them by every block.
 fn gemm(jobs: &[Job], x: &[f32], n: usize) {
+    pack_for_decode(jobs);
     let g = jobs[0].kern.gemm.expect("the GEMM path");
     let k = jobs[0].w.row_len();
     let tb = g.tb;
@@ -1381,48 +1432,43 @@ fn gemm(jobs: &[Job], x: &[f32], n: usize) {
         let g = job.kern.gemm.expect("the GEMM path");
         let m = job.w.n_rows();
         let rb = job.w.dtype.bytes_for(k).expect("checked by matmul_kernel");
-        let wp = job.w.data().as_ptr();
         let rows = range.len();
-        GBUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            let (wf, ws) = match g.deq {
-                Some(deq) => {
-                    // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
-                    // fall in the same L1 sets while the kernel reads them side by side.
-                    let ws = k + 16;
-                    grow(&mut buf, rows * ws);
-                    for r in 0..rows {
-                        // SAFETY: row range.start + r < m is inside the m·rb weight bytes
-                        // (checked by matmul_kernel); buf holds rows·k f32; `deq` was picked
-                        // for this dtype on an available ISA and k is whole blocks.
-                        unsafe {
-                            deq(
-                                wp.add((range.start + r) * rb),
-                                buf.as_mut_ptr().add(r * ws),
-                                k,
-                            )
-                        };
+        with_stored_rows(job.w, range.clone(), |wp| {
+            GBUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let (wf, ws) = match g.deq {
+                    Some(deq) => {
+                        // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
+                        // fall in the same L1 sets while the kernel reads them side by side.
+                        let ws = k + 16;
+                        grow(&mut buf, rows * ws);
+                        for r in 0..rows {
+                            // SAFETY: `wp` holds the tile's rows·rb stored bytes
+                            // (`with_stored_rows`); buf holds rows·k f32; `deq` was picked for
+                            // this dtype on an available ISA and k is whole blocks.
+                            unsafe { deq(wp.add(r * rb), buf.as_mut_ptr().add(r * ws), k) };
+                        }
+                        (buf.as_ptr(), ws)
                     }
-                    (buf.as_ptr(), ws)
-                }
-                // SAFETY: F32 rows are used in place: rb = 4k bytes each, in bounds as above.
-                None => (unsafe { wp.add(range.start * rb) } as *const f32, k),
-            };
-            let a = GemmArgs {
-                w: wf,
-                w_stride: ws,
-                rows,
-                x: xp.0,
-                n,
-                k,
-                // SAFETY: columns range of every output row t (out has n·m elements).
-                out: unsafe { job.out.0.add(range.start) },
-                out_stride: m,
-            };
-            // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
-            // stride k, x holds ceil(n/tb) packed blocks of tb·k f32, out[t·m + r] for r in
-            // this task's range is written by this task alone; rows ≥ 1 and n ≥ 1.
-            unsafe { (g.tile)(&a) };
+                    // F32 rows are used in place: rb = 4k bytes each, the tile's rows at `wp`.
+                    None => (wp as *const f32, k),
+                };
+                let a = GemmArgs {
+                    w: wf,
+                    w_stride: ws,
+                    rows,
+                    x: xp.0,
+                    n,
+                    k,
+                    // SAFETY: columns range of every output row t (out has n·m elements).
+                    out: unsafe { job.out.0.add(range.start) },
+                    out_stride: m,
+                };
+                // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
+                // stride k, x holds ceil(n/tb) packed blocks of tb·k f32, out[t·m + r] for r in
+                // this task's range is written by this task alone; rows ≥ 1 and n ≥ 1.
+                unsafe { (g.tile)(&a) };
+            })
         });
     });
     XPACK.with(|b| *b.borrow_mut() = xpack);
@@ -1438,6 +1484,7 @@ thread_local! {
 /// every packed block with `vpdpbusd`. Only on an AVX-512 VNNI CPU (the caller checks).
 #[cfg(target_arch = "x86_64")]
 fn igemm(jobs: &[Job], x: &[f32], n: usize) {
+    pack_for_decode(jobs);
     let k = jobs[0].w.row_len();
     let blocks = n.div_ceil(int8::TB);
     let (xb, fb) = int8::block_sizes(k);
@@ -1470,50 +1517,52 @@ fn igemm(jobs: &[Job], x: &[f32], n: usize) {
         let m = job.w.n_rows();
         let dtype = job.w.dtype;
         let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
-        let wp = job.w.data().as_ptr();
         let rows = range.len();
         // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
         let cs = k + 64;
         let gs = k / 16;
-        IBUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            let (codes, f) = &mut *buf;
-            grow(codes, rows * cs);
-            grow(f, 2 * rows * gs);
-            let (dw, cw) = f[..2 * rows * gs].split_at_mut(rows * gs);
-            for r in 0..rows {
-                // SAFETY: row range.start + r is inside the m·rb weight bytes; the outputs
-                // are row r of buffers sized above; `dtype` is supported (igemm flag).
-                unsafe {
-                    int8::unpack(
-                        dtype,
-                        wp.add((range.start + r) * rb),
-                        k,
-                        codes.as_mut_ptr().add(r * cs),
-                        dw.as_mut_ptr().add(r * gs),
-                        cw.as_mut_ptr().add(r * gs),
-                    )
+        with_stored_rows(job.w, range.clone(), |wp| {
+            IBUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let (codes, f) = &mut *buf;
+                grow(codes, rows * cs);
+                grow(f, 2 * rows * gs);
+                let (dw, cw) = f[..2 * rows * gs].split_at_mut(rows * gs);
+                for r in 0..rows {
+                    // SAFETY: `wp` holds the tile's rows·rb stored bytes (`with_stored_rows`);
+                    // the outputs are row r of buffers sized above; `dtype` is supported (igemm
+                    // flag).
+                    unsafe {
+                        int8::unpack(
+                            dtype,
+                            wp.add(r * rb),
+                            k,
+                            codes.as_mut_ptr().add(r * cs),
+                            dw.as_mut_ptr().add(r * gs),
+                            cw.as_mut_ptr().add(r * gs),
+                        )
+                    };
+                }
+                let a = int8::IGemmArgs {
+                    codes: codes.as_ptr(),
+                    c_stride: cs,
+                    dw: dw.as_ptr(),
+                    cw: cw.as_ptr(),
+                    g_stride: gs,
+                    rows,
+                    xq: xqp.0,
+                    dx: xfp.0,
+                    sx: xfp.0.wrapping_add(blocks * fb),
+                    n,
+                    k,
+                    // SAFETY: columns `range` of every output row (out has n·m elements).
+                    out: unsafe { job.out.0.add(range.start) },
+                    out_stride: m,
                 };
-            }
-            let a = int8::IGemmArgs {
-                codes: codes.as_ptr(),
-                c_stride: cs,
-                dw: dw.as_ptr(),
-                cw: cw.as_ptr(),
-                g_stride: gs,
-                rows,
-                xq: xqp.0,
-                dx: xfp.0,
-                sx: xfp.0.wrapping_add(blocks * fb),
-                n,
-                k,
-                // SAFETY: columns `range` of every output row (out has n·m elements).
-                out: unsafe { job.out.0.add(range.start) },
-                out_stride: m,
-            };
-            // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
-            // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS.
-            unsafe { int8::gemm(&a) };
+                // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
+                // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS.
+                unsafe { int8::gemm(&a) };
+            })
         });
     });
     XIPACK.with(|b| *b.borrow_mut() = (xq, xf));

@@ -48,7 +48,6 @@ pub(crate) fn high_bits_by_chunk(qh: u32) -> u32 {
 }
 
 /// The inverse of [`high_bits_by_chunk`].
-#[cfg(test)]
 fn high_bits_from_chunk(h: u32) -> u32 {
     let mut qh = 0u32;
     for j in 0..4 {
@@ -72,8 +71,9 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
     let rb = nb * bb;
     let data = t.data();
     assert_eq!(data.len(), t.n_rows() * rb, "rows_by_8: whole blocks");
-    let mut out = data.to_vec();
     let whole = t.n_rows() / GROUP * GROUP * rb;
+    let mut out = vec![0u8; data.len()];
+    out[whole..].copy_from_slice(&data[whole..]);
     let pack_group = |(src, dst): (&[u8], &mut [u8])| {
         for b in 0..nb {
             let o = &mut dst[b * GROUP * bb..(b + 1) * GROUP * bb];
@@ -96,46 +96,82 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
             }
         }
     };
-    data[..whole]
-        .chunks(GROUP * rb)
-        .zip(out[..whole].chunks_mut(GROUP * rb))
-        .for_each(pack_group);
+    // Groups in parallel: a model's first prompt packs all its matrices.
+    let groups = whole / (GROUP * rb).max(1);
+    let dst = super::SendPtr(out.as_mut_ptr());
+    super::parallel_for(groups, 16, &|range| {
+        let dst = &dst;
+        for g in range {
+            // SAFETY: group g's GROUP·rb bytes lie inside `out` (g < groups) and only this
+            // task writes them.
+            let o =
+                unsafe { std::slice::from_raw_parts_mut(dst.0.add(g * GROUP * rb), GROUP * rb) };
+            pack_group((&data[g * GROUP * rb..(g + 1) * GROUP * rb], o));
+        }
+    });
     out
 }
 
-/// The inverse of [`rows_by_8`] (tests: the layout loses nothing).
-#[cfg(test)]
-pub(crate) fn unpack_rows_by_8(dtype: DType, packed: &[u8], rows: usize, k: usize) -> Vec<u8> {
+/// Rows `r0..r0 + rows` of `t` in its stored layout, from the rows-by-8 copy `packed`
+/// (`r0` a multiple of [`GROUP`]), into `dst` (`rows` stored rows): what the kernels that read
+/// the stored layout (the GEMMs) take once the copy exists, so that the file's pages of the
+/// original are not read again.
+///
+/// Panics if `r0` is not a multiple of 8 or the rows are out of range.
+pub(crate) fn stored_rows(t: &Tensor, packed: &[u8], r0: usize, rows: usize, dst: &mut [u8]) {
+    let rb = t.row_bytes();
+    assert!(r0.is_multiple_of(GROUP) && r0 + rows <= t.n_rows() && dst.len() >= rows * rb);
+    let whole = t.n_rows() / GROUP * GROUP;
+    let mut r = r0;
+    while r < r0 + rows {
+        let d = &mut dst[(r - r0) * rb..];
+        if r + GROUP <= whole && r + GROUP <= r0 + rows {
+            unpack_group(
+                t.dtype,
+                &packed[r * rb..(r + GROUP) * rb],
+                rb,
+                &mut d[..GROUP * rb],
+            );
+            r += GROUP;
+        } else {
+            // Rows past the last whole group keep the stored layout; a tile that ends inside
+            // a group takes that group's rows one by one.
+            if r < whole {
+                let g = r / GROUP * GROUP;
+                let mut tmp = vec![0u8; GROUP * rb];
+                unpack_group(t.dtype, &packed[g * rb..(g + GROUP) * rb], rb, &mut tmp);
+                d[..rb].copy_from_slice(&tmp[(r - g) * rb..(r - g + 1) * rb]);
+            } else {
+                d[..rb].copy_from_slice(&packed[r * rb..(r + 1) * rb]);
+            }
+            r += 1;
+        }
+    }
+}
+
+/// One group of 8 rows (`rb` bytes each) from the rows-by-8 layout back to the stored one.
+fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
     let (f16s, qh) = header(dtype).expect("a packed format");
     let bb = dtype.block_bytes();
     let hb = 2 * f16s + if qh { 4 } else { 0 };
-    let nb = k / 32;
-    let rb = nb * bb;
-    let mut out = packed.to_vec();
-    for g in 0..rows / GROUP {
-        let src = &packed[g * GROUP * rb..(g + 1) * GROUP * rb];
-        let dst = &mut out[g * GROUP * rb..(g + 1) * GROUP * rb];
-        for b in 0..nb {
-            let o = &src[b * GROUP * bb..(b + 1) * GROUP * bb];
-            for r in 0..GROUP {
-                let blk = &mut dst[r * rb + b * bb..r * rb + (b + 1) * bb];
-                for f in 0..f16s {
-                    blk[2 * f..2 * f + 2].copy_from_slice(&o[16 * f + 2 * r..16 * f + 2 * r + 2]);
-                }
-                if qh {
-                    let at = 16 * f16s + 4 * r;
-                    let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
-                    blk[2 * f16s..2 * f16s + 4]
-                        .copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
-                }
-                for c in 0..4 {
-                    let q = GROUP * hb + 32 * c + 4 * r;
-                    blk[hb + 4 * c..hb + 4 * c + 4].copy_from_slice(&o[q..q + 4]);
-                }
+    for b in 0..rb / bb {
+        let o = &src[b * GROUP * bb..(b + 1) * GROUP * bb];
+        for r in 0..GROUP {
+            let blk = &mut dst[r * rb + b * bb..r * rb + (b + 1) * bb];
+            for f in 0..f16s {
+                blk[2 * f..2 * f + 2].copy_from_slice(&o[16 * f + 2 * r..16 * f + 2 * r + 2]);
+            }
+            if qh {
+                let at = 16 * f16s + 4 * r;
+                let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
+                blk[2 * f16s..2 * f16s + 4].copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
+            }
+            for c in 0..4 {
+                let q = GROUP * hb + 32 * c + 4 * r;
+                blk[hb + 4 * c..hb + 4 * c + 4].copy_from_slice(&o[q..q + 4]);
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -155,11 +191,19 @@ mod tests {
                 let t = Tensor::from_bytes(dtype, vec![rows, k], bytes.clone());
                 let p = rows_by_8(&t);
                 assert_eq!(p.len(), bytes.len());
-                assert_eq!(
-                    unpack_rows_by_8(dtype, &p, rows, k),
-                    bytes,
-                    "{dtype} {rows}"
-                );
+                let rb = dtype.bytes_for(k).unwrap();
+                // Every tile start (multiples of 8) and length, as the GEMMs ask.
+                for r0 in (0..rows).step_by(8) {
+                    for n in 1..=rows - r0 {
+                        let mut got = vec![0u8; n * rb];
+                        stored_rows(&t, &p, r0, n, &mut got);
+                        assert_eq!(
+                            got,
+                            bytes[r0 * rb..(r0 + n) * rb],
+                            "{dtype} {rows} {r0} {n}"
+                        );
+                    }
+                }
                 if rows >= 8 {
                     let rb = dtype.bytes_for(k).unwrap();
                     for r in 0..8 {

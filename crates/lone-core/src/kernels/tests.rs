@@ -493,3 +493,60 @@ fn q8_0_attention_rows_match_the_reference() {
         }
     }
 }
+
+/// Once a tensor has its rows-by-8 copy the GEMMs read the stored rows rebuilt from it (the
+/// file's pages of the original are handed back): their results are bit for bit those from
+/// the original bytes, for tiles that start and end anywhere a tile can (odd row counts, a
+/// partial last group), in the exact prompt GEMM (every row count) and fast mode's 8-bit
+/// GEMM.
+#[test]
+fn gemms_read_the_packed_copy_as_the_original() {
+    let mut rng = Rng(77);
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
+        for (m, k, n) in [(53usize, 64usize, 20usize), (104, 96, 3), (7, 32, 17)] {
+            let w = Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
+            let x: Vec<f32> = (0..n * k).map(|_| rng.f32() - 0.5).collect();
+            // `pack`: the base mode is one whose decode kernels read the packed copy (the GEMM
+            // then builds it); else exact (it never does).
+            let run = |w: &Tensor, fast: bool, pack: bool| {
+                let mut out = vec![0f32; n * m];
+                let base = if pack { Mode::Auto } else { Mode::Exact };
+                let was = HERE.with(|c| {
+                    c.replace(Here {
+                        mode: Some(if fast { Mode::Fast } else { Mode::Exact }),
+                        base: Some(if fast && pack { Mode::Fast } else { base }),
+                        prompt: !fast,
+                        threads: None,
+                    })
+                });
+                matmul(w, &x, n, &mut out);
+                HERE.with(|c| c.set(was));
+                out
+            };
+            // Fast mode's GEMM from IGEMM_MIN_ROWS rows (fewer take the packed kernels).
+            let igemm = n >= IGEMM_MIN_ROWS;
+            let want_exact = run(&w, false, false);
+            let want_fast = if igemm { run(&w, true, false) } else { vec![] };
+            assert!(w.packed_if_built().is_none());
+            let got_exact = run(&w, false, true);
+            let got_fast = if igemm { run(&w, true, true) } else { vec![] };
+            if matches!(isa(), Isa::Avx2 | Isa::Avx512) {
+                assert!(
+                    w.packed_if_built().is_some(),
+                    "{dtype}: the GEMM packs first"
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got_exact),
+                bits(&want_exact),
+                "{dtype} {m}x{k} n {n} exact"
+            );
+            assert_eq!(
+                bits(&got_fast),
+                bits(&want_fast),
+                "{dtype} {m}x{k} n {n} fast"
+            );
+        }
+    }
+}

@@ -102,6 +102,8 @@ pub struct GgufFile {
     pub kv_order: Vec<String>,
     pub tensors: Vec<GgufTensorInfo>,
     map: Arc<Mmap>,
+    /// `map` is the file mapped shared (not a copy in memory).
+    file_backed: bool,
 }
 
 struct Reader<'a> {
@@ -194,7 +196,9 @@ impl GgufFile {
         // SAFETY: the file is mapped read-only; lone never writes to model files while they are
         // loaded. A concurrent writer could change what we read, as with any mmap-based loader.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        Self::parse(path, Arc::new(map))
+        let mut g = Self::parse(path, Arc::new(map))?;
+        g.file_backed = true;
+        Ok(g)
     }
 
     /// A GGUF file held in memory (`label` names it in errors): what the fuzz targets read.
@@ -343,6 +347,7 @@ impl GgufFile {
             kv_order,
             tensors,
             map,
+            file_backed: false,
         })
     }
 
@@ -362,12 +367,11 @@ impl GgufFile {
     /// The named tensor as a view into the memory map.
     pub fn tensor(&self, name: &str) -> Option<Tensor> {
         let t = self.tensor_info(name)?;
-        Some(Tensor::from_mmap(
-            t.dtype,
-            t.shape.clone(),
-            self.map.clone(),
-            t.offset,
-            t.len,
-        ))
+        let view = Tensor::from_mmap(t.dtype, t.shape.clone(), self.map.clone(), t.offset, t.len);
+        Some(if self.file_backed {
+            view.in_file_map()
+        } else {
+            view
+        })
     }
 }

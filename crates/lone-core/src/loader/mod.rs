@@ -102,6 +102,8 @@ fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
             }
         }
     }
+    // The file's copy is not read again: hand its pages back.
+    t.release_pages();
     Ok(Tensor::from_bytes(t.dtype, t.shape.clone(), out))
 }
 

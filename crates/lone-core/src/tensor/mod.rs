@@ -13,6 +13,9 @@ enum Bytes {
         map: Arc<Mmap>,
         offset: usize,
         len: usize,
+        /// A shared mapping of a file (not anonymous memory): its pages can be dropped and
+        /// are read back unchanged on the next access.
+        file: bool,
     },
     Owned(Arc<Vec<u8>>),
 }
@@ -47,9 +50,23 @@ impl Tensor {
         Tensor {
             dtype,
             shape,
-            bytes: Bytes::Mmap { map, offset, len },
+            bytes: Bytes::Mmap {
+                map,
+                offset,
+                len,
+                file: false,
+            },
             packed: Arc::default(),
         }
+    }
+
+    /// Marks a [`Tensor::from_mmap`] view as one of a file mapped shared (`Mmap::map`), whose
+    /// pages [`Tensor::packed`] may hand back to the kernel once a packed copy exists.
+    pub(crate) fn in_file_map(mut self) -> Tensor {
+        if let Bytes::Mmap { file, .. } = &mut self.bytes {
+            *file = true;
+        }
+        self
     }
 
     pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Tensor {
@@ -71,14 +88,58 @@ impl Tensor {
 
     pub fn data(&self) -> &[u8] {
         match &self.bytes {
-            Bytes::Mmap { map, offset, len } => &map[*offset..*offset + *len],
+            Bytes::Mmap {
+                map, offset, len, ..
+            } => &map[*offset..*offset + *len],
             Bytes::Owned(v) => v,
         }
     }
 
-    /// The bytes in the kernels' preferred layout: `pack(self)` the first time.
+    /// The bytes in the kernels' preferred layout: `pack(self)` the first time. The kernels
+    /// then read only that copy ([`Tensor::packed_if_built`]), so a file-mapped original's
+    /// pages are handed back: the weights stay in memory once, not twice.
     pub(crate) fn packed(&self, pack: impl FnOnce(&Tensor) -> Vec<u8>) -> &[u8] {
-        self.packed.get_or_init(|| pack(self))
+        self.packed.get_or_init(|| {
+            let p = pack(self);
+            self.release_pages();
+            p
+        })
+    }
+
+    /// The packed copy, if [`Tensor::packed`] built it.
+    pub(crate) fn packed_if_built(&self) -> Option<&[u8]> {
+        self.packed.get().map(Vec::as_slice)
+    }
+
+    /// Drop the resident pages wholly inside a file-mapped tensor (its neighbours' are kept):
+    /// for a view whose bytes now live elsewhere (a packed or reordered copy).
+    pub(crate) fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mmap {
+            map,
+            offset,
+            len,
+            file: true,
+        } = &self.bytes
+        {
+            const PAGE: usize = 4096;
+            let base = map.as_ptr() as usize;
+            let start = (base + offset).next_multiple_of(PAGE) - base;
+            let end = (base + offset + len) / PAGE * PAGE - base;
+            if end > start {
+                // SAFETY: `map` is a read-only MAP_SHARED mapping of a file lone does not write
+                // (`in_file_map`): MADV_DONTNEED only drops the pages from this process, and
+                // the next access reads the same bytes back from the page cache or the file.
+                // No reference sees different contents. Failure only means the pages stay.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
     }
 
     pub fn numel(&self) -> usize {
