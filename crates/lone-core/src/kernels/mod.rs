@@ -381,7 +381,15 @@ struct Gemm {
     tb: usize,
     /// A SIMD packer for one block (`x`, `k`, rows, `dst`); None: the portable loop.
     pack: Option<unsafe fn(*const f32, usize, usize, *mut f32)>,
+    /// For at most [`NARROW_ROWS`] activation rows (plain, not packed): the same outputs,
+    /// bit for bit, vectorised over weight rows (`x86::gemm_narrow`).
+    narrow: GemmFn,
 }
+
+/// Activation rows up to which [`Gemm::narrow`] runs instead of the tile kernel (a short
+/// prompt step, which the f32 GEMM takes too: prompt rows give the same results in any
+/// number).
+const NARROW_ROWS: usize = 4;
 
 /// Which activations a kernel takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -506,14 +514,20 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
         };
     }
     type PackFn = unsafe fn(*const f32, usize, usize, *mut f32);
-    let (tile, tb, pack) = if isa == Isa::Avx512 {
+    let (tile, tb, pack, narrow) = if isa == Isa::Avx512 {
         (
             x86::avx512::gemm as GemmFn,
             32,
             Some(x86::pack32_avx512 as PackFn),
+            x86::avx512::gemm_narrow as GemmFn,
         )
     } else {
-        (x86::avx2::gemm as GemmFn, 16, None)
+        (
+            x86::avx2::gemm as GemmFn,
+            16,
+            None,
+            x86::avx2::gemm_narrow as GemmFn,
+        )
     };
     let f32k = |f: MatFn, deq: Option<DeqFn>| {
         Some(Kernel {
@@ -524,6 +538,7 @@ fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel>
                 tile,
                 tb,
                 pack,
+                narrow,
             }),
             igemm: false,
             bgemm: false,
@@ -1392,8 +1407,10 @@ fn gemm(jobs: &[Job], x: &[f32], n: usize) {
     pack_for_decode(jobs);
     let g = jobs[0].kern.gemm.expect("the GEMM path");
     let k = jobs[0].w.row_len();
+    let narrow = n <= NARROW_ROWS;
     let tb = g.tb;
-    let blocks = n.div_ceil(tb);
+    // The narrow kernel reads the activation rows as they are.
+    let blocks = if narrow { 0 } else { n.div_ceil(tb) };
     let mut xpack = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
     grow(&mut xpack, blocks * tb * k);
     let pp = SendPtr(xpack.as_mut_ptr());
@@ -1426,7 +1443,11 @@ fn gemm(jobs: &[Job], x: &[f32], n: usize) {
             }
         }
     });
-    let xp = SendPtr(xpack.as_mut_ptr());
+    let xp = SendPtr(if narrow {
+        x.as_ptr() as *mut f32
+    } else {
+        xpack.as_mut_ptr()
+    });
     for_each_tile(jobs, &|job, range| {
         let xp = &xp;
         let g = job.kern.gemm.expect("the GEMM path");
@@ -1465,9 +1486,16 @@ fn gemm(jobs: &[Job], x: &[f32], n: usize) {
                     out_stride: m,
                 };
                 // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
-                // stride k, x holds ceil(n/tb) packed blocks of tb·k f32, out[t·m + r] for r in
-                // this task's range is written by this task alone; rows ≥ 1 and n ≥ 1.
-                unsafe { (g.tile)(&a) };
+                // stride ws, x holds ceil(n/tb) packed blocks of tb·k f32 (the narrow kernel: n
+                // plain rows of k, n ≤ 4), out[t·m + r] for r in this task's range is written
+                // by this task alone; rows ≥ 1 and n ≥ 1.
+                unsafe {
+                    if narrow {
+                        (g.narrow)(&a)
+                    } else {
+                        (g.tile)(&a)
+                    }
+                };
             })
         });
     });

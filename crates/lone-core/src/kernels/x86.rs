@@ -59,6 +59,9 @@ pub(super) trait F32V: Copy {
     unsafe fn from_i8(p: *const i8) -> Self;
     unsafe fn hsum(self) -> f32;
     unsafe fn store(self, p: *mut f32);
+    /// Loads `LANES` rows of `LANES` f32 (`stride` apart; rows from `valid` on repeat the
+    /// last valid one) and stores them transposed: `dst[c·LANES + r]` = row `r`, column `c`.
+    unsafe fn transpose_block(src: *const f32, stride: usize, valid: usize, dst: *mut f32);
 }
 
 #[derive(Clone, Copy)]
@@ -119,6 +122,40 @@ impl F32V for V8 {
     unsafe fn store(self, p: *mut f32) {
         _mm256_storeu_ps(p, self.0)
     }
+    #[inline(always)]
+    unsafe fn transpose_block(src: *const f32, stride: usize, valid: usize, dst: *mut f32) {
+        let r: [__m256; 8] =
+            core::array::from_fn(|j| _mm256_loadu_ps(src.add(j.min(valid - 1) * stride)));
+        let t: [__m256; 8] = core::array::from_fn(|j| {
+            let (a, b) = (r[2 * (j / 2)], r[2 * (j / 2) + 1]);
+            if j % 2 == 0 {
+                _mm256_unpacklo_ps(a, b)
+            } else {
+                _mm256_unpackhi_ps(a, b)
+            }
+        });
+        // tt[4h + 2p + q]: rows 4h..4h+4; q picks the low / high pair of each lane.
+        let tt: [__m256; 8] = core::array::from_fn(|j| {
+            let (h, p, q) = (j / 4, (j / 2) % 2, j % 2);
+            let (a, b) = (t[4 * h + p], t[4 * h + 2 + p]);
+            if q == 0 {
+                _mm256_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm256_shuffle_ps::<0xEE>(a, b)
+            }
+        });
+        for c in 0..8 {
+            // tt[j] holds columns j and j + 4 of rows 0..4 (its two halves), tt[4 + j] of
+            // rows 4..8.
+            let (a, b) = (tt[c % 4], tt[4 + c % 4]);
+            let v = if c < 4 {
+                _mm256_permute2f128_ps::<0x20>(a, b)
+            } else {
+                _mm256_permute2f128_ps::<0x31>(a, b)
+            };
+            _mm256_storeu_ps(dst.add(c * 8), v);
+        }
+    }
 }
 
 impl F32V for V16 {
@@ -175,6 +212,15 @@ impl F32V for V16 {
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         _mm512_storeu_ps(p, self.0)
+    }
+    #[inline(always)]
+    unsafe fn transpose_block(src: *const f32, stride: usize, valid: usize, dst: *mut f32) {
+        let mut r: [__m512; 16] =
+            core::array::from_fn(|j| _mm512_loadu_ps(src.add(j.min(valid - 1) * stride)));
+        transpose16(&mut r);
+        for (c, v) in r.iter().enumerate() {
+            _mm512_storeu_ps(dst.add(c * 16), *v);
+        }
     }
 }
 
@@ -1928,6 +1974,90 @@ unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
     });
 }
 
+/// Weight-row groups of `LANES` rows one pass of [`gemm_narrow_n`] keeps accumulators for.
+const NARROW_GROUPS: usize = 3;
+
+/// The f32 GEMM's outputs for `NX ≤ 4` activation rows, vectorised over weight rows instead
+/// of activation rows (which would leave most lanes of a block empty): each `LANES × LANES`
+/// block of weights is transposed in registers, then every column is one FMA per group and
+/// activation row. `g.x` holds plain activation rows (`k` apart), not packed blocks. Each
+/// output is the same FMA chain over `i = 0..k` in order as [`gemm_micro`]'s
+/// (`acc = fma(w[r, i], x[t, i], acc)`), so the results are bit for bit the GEMM's: a row's
+/// output does not depend on how many rows came with it.
+#[inline(always)]
+unsafe fn gemm_narrow_n<V: F32V, const NX: usize>(g: &GemmArgs) {
+    const G: usize = NARROW_GROUPS;
+    let l = V::LANES;
+    let mut blk = Aligned::<{ 16 * 16 * NARROW_GROUPS }>([0.0; 16 * 16 * NARROW_GROUPS]);
+    let bp = blk.0.as_mut_ptr();
+    let mut r0 = 0;
+    while r0 < g.rows {
+        // G groups of `l` rows; rows past the end repeat the last one (not written).
+        let valid: [usize; G] =
+            core::array::from_fn(|gi| g.rows.saturating_sub(r0 + gi * l).min(l).max(1));
+        let first: [usize; G] = core::array::from_fn(|gi| (r0 + gi * l).min(g.rows - 1));
+        let mut acc = [[V::zero(); NX]; G];
+        let mut i0 = 0;
+        while i0 + l <= g.k {
+            for gi in 0..G {
+                V::transpose_block(
+                    g.w.add(first[gi] * g.w_stride + i0),
+                    g.w_stride,
+                    valid[gi],
+                    bp.add(gi * l * l),
+                );
+            }
+            for c in 0..l {
+                let xv: [V; NX] = core::array::from_fn(|t| V::splat(*g.x.add(t * g.k + i0 + c)));
+                for gi in 0..G {
+                    let w = V::load(bp.add(gi * l * l + c * l));
+                    for t in 0..NX {
+                        acc[gi][t] = V::fma(w, xv[t], acc[gi][t]);
+                    }
+                }
+            }
+            i0 += l;
+        }
+        // The last columns (k not a multiple of LANES): one element at a time, in order.
+        for i in i0..g.k {
+            let xv: [V; NX] = core::array::from_fn(|t| V::splat(*g.x.add(t * g.k + i)));
+            for gi in 0..G {
+                for r in 0..l {
+                    *bp.add(r) = *g.w.add((first[gi] + r.min(valid[gi] - 1)) * g.w_stride + i);
+                }
+                let w = V::load(bp);
+                for t in 0..NX {
+                    acc[gi][t] = V::fma(w, xv[t], acc[gi][t]);
+                }
+            }
+        }
+        let mut tmp = [0.0f32; 16];
+        for gi in 0..G {
+            if r0 + gi * l >= g.rows {
+                break;
+            }
+            for t in 0..NX {
+                acc[gi][t].store(tmp.as_mut_ptr());
+                let o = g.out.add(t * g.out_stride + r0 + gi * l);
+                for (r, &val) in tmp.iter().enumerate().take(valid[gi]) {
+                    *o.add(r) = val;
+                }
+            }
+        }
+        r0 += G * l;
+    }
+}
+
+#[inline(always)]
+unsafe fn gemm_narrow<V: F32V>(g: &GemmArgs) {
+    match g.n {
+        1 => gemm_narrow_n::<V, 1>(g),
+        2 => gemm_narrow_n::<V, 2>(g),
+        3 => gemm_narrow_n::<V, 3>(g),
+        _ => gemm_narrow_n::<V, 4>(g),
+    }
+}
+
 /// The walk of every GEMM tile kernel (f32, 8-bit, bf16): blocks of `2·lanes` activation
 /// rows, `r_step` weight rows at a time, calling `micro(r0, t0, one)`; `one` says the block
 /// holds at most `lanes` rows, so a one-vector micro-kernel covers it.
@@ -2074,39 +2204,50 @@ pub(crate) unsafe fn exp_avx512(x: *mut f32, n: usize) {
     }
 }
 
+/// `vpermt2ps` indices of [`transpose16`]'s stage `b` (`m = 2^b`): for the pair of registers
+/// (`j`, `j | m`), `[b][0]` makes the new `j` (lanes with bit `m` clear from `j`, the others from
+/// `j | m` shifted down), `[b][1]` the new `j | m`.
+const T16_IDX: [[[i32; 16]; 2]; 4] = {
+    let mut t = [[[0i32; 16]; 2]; 4];
+    let mut b = 0;
+    while b < 4 {
+        let m = 1i32 << b;
+        let mut c = 0;
+        while c < 16 {
+            let ci = c as i32;
+            t[b][0][c] = if ci & m == 0 { ci } else { 16 + (ci ^ m) };
+            t[b][1][c] = if ci & m == 0 { ci | m } else { 16 + ci };
+            c += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// One stage of [`transpose16`]: bit `M` of the row index swapped with bit `M` of the column
+/// index between the register pairs (`j`, `j | M`).
+#[inline(always)]
+unsafe fn t16_stage<const B: usize, const M: usize>(r: &mut [__m512; 16]) {
+    let ia = _mm512_loadu_si512(T16_IDX[B][0].as_ptr() as *const _);
+    let ib = _mm512_loadu_si512(T16_IDX[B][1].as_ptr() as *const _);
+    for j in 0..16 {
+        if j & M == 0 {
+            let (a, bv) = (r[j], r[j | M]);
+            r[j] = _mm512_permutex2var_ps(a, ia, bv);
+            r[j | M] = _mm512_permutex2var_ps(a, ib, bv);
+        }
+    }
+}
+
 /// Transposes 16×16 f32 in registers: afterwards `r[c]` holds what was column `c`. Four
 /// stages; stage `m` (1, 2, 4, 8) swaps bit `m` of the row index with bit `m` of the column
 /// index between the register pairs (`j`, `j | m`).
 #[inline(always)]
 unsafe fn transpose16(r: &mut [__m512; 16]) {
-    for b in 0..4 {
-        let m = 1i32 << b;
-        let ia: [i32; 16] = core::array::from_fn(|c| {
-            if c as i32 & m == 0 {
-                c as i32
-            } else {
-                16 + (c as i32 ^ m)
-            }
-        });
-        let ib: [i32; 16] = core::array::from_fn(|c| {
-            if c as i32 & m == 0 {
-                c as i32 | m
-            } else {
-                16 + c as i32
-            }
-        });
-        let (ia, ib) = (
-            _mm512_loadu_si512(ia.as_ptr() as *const _),
-            _mm512_loadu_si512(ib.as_ptr() as *const _),
-        );
-        for j in 0..16 {
-            if j & m as usize == 0 {
-                let (a, bv) = (r[j], r[j | m as usize]);
-                r[j] = _mm512_permutex2var_ps(a, ia, bv);
-                r[j | m as usize] = _mm512_permutex2var_ps(a, ib, bv);
-            }
-        }
-    }
+    t16_stage::<0, 1>(r);
+    t16_stage::<1, 2>(r);
+    t16_stage::<2, 4>(r);
+    t16_stage::<3, 8>(r);
 }
 
 /// Packs `rows` (≤ 32) activation rows of `k` f32 into one GEMM block of 32 rows
@@ -2447,6 +2588,11 @@ macro_rules! level {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {
                 gemm_tile::<$V, $gr>(g)
+            }
+            /// [`gemm_narrow`]: `g.n` ≤ 4, plain activation rows.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn gemm_narrow(g: &GemmArgs) {
+                super::gemm_narrow::<$V>(g)
             }
             deq_entry!(deq_f16, $features, deq_float::<$V, WF16>);
             deq_entry!(deq_bf16, $features, deq_float::<$V, WBF16>);

@@ -286,6 +286,11 @@ impl Model {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
         }
         self.final_norm.forward(&mut xs);
+        // A prompt pass's few logit rows (its last row: the first token's logits) take the
+        // exact matrix-vector kernel, not the prompt GEMM, which would dequantize the whole
+        // head for them; the rows are the same computation whatever else the pass holds.
+        let _head = (crate::kernels::prompt_rows() && sel.len() <= PROMPT_HEAD_ROWS)
+            .then(|| crate::kernels::exact_scope(true));
         out.logits = self.lm_head.forward(&xs, sel.len());
         // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
         // top candidates are computed again exactly, so the token picked (and the top of a
@@ -339,6 +344,9 @@ impl Model {
             .collect())
     }
 }
+
+/// Logit rows up to which a prompt pass runs the head on the exact matrix-vector kernel.
+const PROMPT_HEAD_ROWS: usize = 4;
 
 /// Candidates per row that [`Model::forward`] recomputes exactly in [`crate::kernels::Mode::Auto`]
 /// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2
