@@ -389,7 +389,7 @@ struct Gemm {
 /// Activation rows up to which [`Gemm::narrow`] runs instead of the tile kernel (a short
 /// prompt step, which the f32 GEMM takes too: prompt rows give the same results in any
 /// number).
-const NARROW_ROWS: usize = 4;
+const NARROW_ROWS: usize = 8;
 
 /// Which activations a kernel takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1487,7 +1487,7 @@ fn gemm(jobs: &[Job], x: &[f32], n: usize) {
                 };
                 // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
                 // stride ws, x holds ceil(n/tb) packed blocks of tb·k f32 (the narrow kernel: n
-                // plain rows of k, n ≤ 4), out[t·m + r] for r in this task's range is written
+                // plain rows of k, n ≤ 8), out[t·m + r] for r in this task's range is written
                 // by this task alone; rows ≥ 1 and n ≥ 1.
                 unsafe {
                     if narrow {

@@ -1974,10 +1974,11 @@ unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
     });
 }
 
-/// Weight-row groups of `LANES` rows one pass of [`gemm_narrow_n`] keeps accumulators for.
+/// Most weight-row groups of `LANES` rows one pass of [`gemm_narrow_n`] keeps accumulators
+/// for (`G`: 3 for up to 4 activation rows; fewer for more, within the registers).
 const NARROW_GROUPS: usize = 3;
 
-/// The f32 GEMM's outputs for `NX ≤ 4` activation rows, vectorised over weight rows instead
+/// The f32 GEMM's outputs for `NX ≤ 8` activation rows, vectorised over weight rows instead
 /// of activation rows (which would leave most lanes of a block empty): each `LANES × LANES`
 /// block of weights is transposed in registers, then every column is one FMA per group and
 /// activation row. `g.x` holds plain activation rows (`k` apart), not packed blocks. Each
@@ -1985,8 +1986,7 @@ const NARROW_GROUPS: usize = 3;
 /// (`acc = fma(w[r, i], x[t, i], acc)`), so the results are bit for bit the GEMM's: a row's
 /// output does not depend on how many rows came with it.
 #[inline(always)]
-unsafe fn gemm_narrow_n<V: F32V, const NX: usize>(g: &GemmArgs) {
-    const G: usize = NARROW_GROUPS;
+unsafe fn gemm_narrow_n<V: F32V, const G: usize, const NX: usize>(g: &GemmArgs) {
     let l = V::LANES;
     let mut blk = Aligned::<{ 16 * 16 * NARROW_GROUPS }>([0.0; 16 * 16 * NARROW_GROUPS]);
     let bp = blk.0.as_mut_ptr();
@@ -2050,11 +2050,22 @@ unsafe fn gemm_narrow_n<V: F32V, const NX: usize>(g: &GemmArgs) {
 
 #[inline(always)]
 unsafe fn gemm_narrow<V: F32V>(g: &GemmArgs) {
-    match g.n {
-        1 => gemm_narrow_n::<V, 1>(g),
-        2 => gemm_narrow_n::<V, 2>(g),
-        3 => gemm_narrow_n::<V, 3>(g),
-        _ => gemm_narrow_n::<V, 4>(g),
+    // Accumulators G·NX within the 32 (16 on AVX2) vector registers, with room for the
+    // weights and the broadcast activations.
+    let wide = V::LANES == 16;
+    match (g.n, wide) {
+        (1, _) => gemm_narrow_n::<V, 3, 1>(g),
+        (2, _) => gemm_narrow_n::<V, 3, 2>(g),
+        (3, _) => gemm_narrow_n::<V, 3, 3>(g),
+        (4, _) => gemm_narrow_n::<V, 3, 4>(g),
+        (5, true) => gemm_narrow_n::<V, 2, 5>(g),
+        (6, true) => gemm_narrow_n::<V, 2, 6>(g),
+        (7, true) => gemm_narrow_n::<V, 2, 7>(g),
+        (_, true) => gemm_narrow_n::<V, 2, 8>(g),
+        (5, false) => gemm_narrow_n::<V, 1, 5>(g),
+        (6, false) => gemm_narrow_n::<V, 1, 6>(g),
+        (7, false) => gemm_narrow_n::<V, 1, 7>(g),
+        (_, false) => gemm_narrow_n::<V, 1, 8>(g),
     }
 }
 
@@ -2589,7 +2600,7 @@ macro_rules! level {
             pub(crate) unsafe fn gemm(g: &GemmArgs) {
                 gemm_tile::<$V, $gr>(g)
             }
-            /// [`gemm_narrow`]: `g.n` ≤ 4, plain activation rows.
+            /// [`gemm_narrow`]: `g.n` ≤ 8, plain activation rows.
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm_narrow(g: &GemmArgs) {
                 super::gemm_narrow::<$V>(g)
