@@ -1,0 +1,405 @@
+//! The many-row paths: the exact f32 GEMM, fast mode's 8-bit and bf16 GEMMs.
+
+use super::*;
+
+/// Activation rows from which the exact path switches from the matrix-vector kernels (which
+/// dequantize each weight block once per 4 activation rows) to dequantize-once + f32 GEMM
+/// (measured crossover ≈ 13 rows on the dev machine: the GEMM pays a whole dequantization
+/// pass and computes 16 rows at a time).
+pub(super) const GEMM_MIN_ROWS: usize = 16;
+
+/// The same for fast mode's 8-bit GEMM (crossover ≈ 6 rows: its unpacking pass is cheap).
+pub(super) const IGEMM_MIN_ROWS: usize = 6;
+
+/// The same for fast mode's bf16 GEMM (no unpacking at all; 16 rows per pass).
+pub(super) const BGEMM_MIN_ROWS: usize = 8;
+
+thread_local! {
+    pub(super) static BPACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Fast mode's many-row path for BF16 weights ([`bf16`]): activation rows rounded to bf16 and
+/// packed once, then every weight row (used in place) multiplied by every block.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn bgemm(jobs: &[Job], x: &[f32], n: usize) {
+    let k = jobs[0].w.row_len();
+    let rb = 2 * k;
+    let blocks = n.div_ceil(bf16::TB);
+    let bl = bf16::block_len(k);
+    let mut xp = BPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    grow(&mut xp, blocks * bl);
+    let pp = SendPtr(xp.as_mut_ptr());
+    parallel_for(blocks, 1, &|range| {
+        let pp = &pp;
+        for b in range {
+            let rows = bf16::TB.min(n - b * bf16::TB);
+            // SAFETY: block b's u32 lie inside xp and only this task writes them; x holds
+            // rows·k f32 from row b·TB; the bgemm flag means bf16::available().
+            unsafe { bf16::pack_x(x.as_ptr().add(b * bf16::TB * k), rows, k, pp.0.add(b * bl)) };
+        }
+    });
+    let xq = SendPtr(xp.as_mut_ptr());
+    for_each_tile(jobs, &|job, range| {
+        let xq = &xq;
+        let m = job.w.n_rows();
+        let a = bf16::Bf16GemmArgs {
+            // SAFETY: rows of `range` lie inside the m·rb weight bytes (checked by
+            // matmul_kernel).
+            w: unsafe { job.w.data().as_ptr().add(range.start * rb) },
+            w_stride: rb,
+            rows: range.len(),
+            x: xq.0,
+            n,
+            k,
+            // SAFETY: columns `range` of every output row (out has n·m elements).
+            out: unsafe { job.out.0.add(range.start) },
+            out_stride: m,
+        };
+        // SAFETY: the args describe valid buffers; out[t·m + r] for r in this task's range is
+        // written by this task alone; rows ≥ 1, n ≥ BGEMM_MIN_ROWS; bf16::available().
+        unsafe { bf16::gemm(&a) };
+    });
+    BPACK.with(|b| *b.borrow_mut() = xp);
+}
+
+/// Weight rows dequantized at a time by one task of the GEMM path.
+pub(super) const GEMM_TILE_ROWS: usize = 48;
+
+/// One weight matrix of a (multi-)matmul on a GEMM path, and where its `n × m` output goes.
+pub(super) struct Job<'a> {
+    pub(super) w: &'a Tensor,
+    pub(super) kern: Kernel,
+    pub(super) out: SendPtr<f32>,
+}
+
+/// Hands the `GEMM_TILE_ROWS`-row tiles of every job out over the pool in one parallel region
+/// (several small matrices then share one synchronisation and balance each other).
+pub(super) fn for_each_tile(jobs: &[Job], task: &(dyn Fn(&Job, std::ops::Range<usize>) + Sync)) {
+    for_each_chunk(jobs, |_| GEMM_TILE_ROWS, task)
+}
+
+/// Splits every job's rows into chunks of `chunk(m)` rows and runs `task(job, rows)` on each,
+/// all jobs in one parallel region.
+pub(super) fn for_each_chunk(
+    jobs: &[Job],
+    chunk: impl Fn(usize) -> usize,
+    task: &(dyn Fn(&Job, std::ops::Range<usize>) + Sync),
+) {
+    let mut starts = Vec::with_capacity(jobs.len());
+    let mut sizes = Vec::with_capacity(jobs.len());
+    let mut total = 0;
+    for j in jobs {
+        let m = j.w.n_rows();
+        let c = chunk(m).max(1);
+        starts.push(total);
+        sizes.push(c);
+        total += m.div_ceil(c);
+    }
+    parallel_for(total, 1, &|chunks| {
+        for t in chunks {
+            let j = starts.partition_point(|&s| s <= t) - 1;
+            let m = jobs[j].w.n_rows();
+            let r0 = (t - starts[j]) * sizes[j];
+            task(&jobs[j], r0..(r0 + sizes[j]).min(m));
+        }
+    });
+}
+
+/// Which way [`matmul`] multiplies: a many-row GEMM (one activation packing for all the
+/// matrices that share it) or the matrix-vector kernels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Path {
+    /// Fast mode, BF16 weights.
+    Bgemm,
+    /// The f32 GEMM with activation blocks of this many rows.
+    Gemm(usize),
+    /// Fast mode's 8-bit GEMM.
+    Igemm,
+    Rows,
+}
+
+pub(super) fn path(kern: &Kernel, n: usize, k: usize) -> Path {
+    #[cfg(target_arch = "x86_64")]
+    if kern.bgemm && n >= BGEMM_MIN_ROWS {
+        return Path::Bgemm;
+    }
+    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS || prompt_rows()) {
+        return Path::Gemm(g.tb);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kern.igemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
+        return Path::Igemm;
+    }
+    let _ = k;
+    Path::Rows
+}
+
+/// Runs jobs that all take `p` (not [`Path::Rows`]).
+pub(super) fn run_gemm_path(p: Path, jobs: &[Job], x: &[f32], n: usize) {
+    match p {
+        #[cfg(target_arch = "x86_64")]
+        Path::Bgemm => bgemm(jobs, x, n),
+        Path::Gemm(_) => gemm(jobs, x, n),
+        #[cfg(target_arch = "x86_64")]
+        Path::Igemm => igemm(jobs, x, n),
+        _ => unreachable!("not a GEMM path: {p:?}"),
+    }
+}
+
+thread_local! {
+    pub(super) static RBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Builds the packed copy of every job's weights that this thread's decode kernels will read
+/// anyway, before a GEMM reads the stored rows: from then on only that copy is read (the
+/// file's pages of the original are handed back), so a model holds its weights once.
+pub(super) fn pack_for_decode(jobs: &[Job]) {
+    for j in jobs {
+        if packed::packs(j.w.dtype) && j.w.packed_if_built().is_none() && packs_here(j.w.dtype) {
+            j.w.packed(packed::rows_by_8);
+        }
+    }
+}
+
+/// Calls `f` with a pointer to weight rows `range` of `w` in the stored layout: the tensor's
+/// own bytes or, once it has a packed copy, those rows rebuilt from it (`range` starts at a
+/// multiple of 8: the GEMM tiles do).
+pub(super) fn with_stored_rows<R>(
+    w: &Tensor,
+    range: std::ops::Range<usize>,
+    f: impl FnOnce(*const u8) -> R,
+) -> R {
+    let rb = w.row_bytes();
+    match w.packed_if_built() {
+        Some(p) if packed::packs(w.dtype) => RBUF.with(|b| {
+            let mut b = b.borrow_mut();
+            grow(&mut b, range.len() * rb);
+            packed::stored_rows(w, p, range.start, range.len(), &mut b);
+            f(b.as_ptr())
+        }),
+        // SAFETY: the rows of `range` lie inside the tensor's n_rows·rb bytes (the callers'
+        // ranges are within its rows).
+        _ => f(unsafe { w.data().as_ptr().add(range.start * rb) }),
+    }
+}
+
+thread_local! {
+    pub(super) static GBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    pub(super) static XPACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The many-row exact path of [`matmul`]: the activation rows are packed once into blocks of
+/// `g.tb` rows ([`GemmArgs`]); each task dequantizes `GEMM_TILE_ROWS` weight rows into f32
+/// once and multiplies them by every block.
+pub(super) fn gemm(jobs: &[Job], x: &[f32], n: usize) {
+    pack_for_decode(jobs);
+    let g = jobs[0].kern.gemm.expect("the GEMM path");
+    let k = jobs[0].w.row_len();
+    let narrow = n <= NARROW_ROWS;
+    let tb = g.tb;
+    // The narrow kernel reads the activation rows as they are.
+    let blocks = if narrow { 0 } else { n.div_ceil(tb) };
+    let mut xpack = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    grow(&mut xpack, blocks * tb * k);
+    let pp = SendPtr(xpack.as_mut_ptr());
+    parallel_for(blocks, 1, &|range| {
+        let pp = &pp;
+        for b in range {
+            // SAFETY: block b's tb·k f32 lie inside xpack and only this task writes them.
+            let dst = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * tb * k), tb * k) };
+            let rows = tb.min(n - b * tb);
+            if let Some(p) = g.pack {
+                // SAFETY: x holds rows·k f32 from row b·tb; dst holds tb·k f32; the packer
+                // was picked for an available ISA with this tb.
+                unsafe { p(x.as_ptr().add(b * tb * k), k, rows, dst.as_mut_ptr()) };
+                continue;
+            }
+            if rows < tb {
+                dst.fill(0.0);
+            }
+            // 16 columns at a time: contiguous reads of each row, writes within a
+            // 16·tb-float tile.
+            for i0 in (0..k).step_by(16) {
+                let w = 16.min(k - i0);
+                let tile = &mut dst[i0 * tb..(i0 + w) * tb];
+                for j in 0..rows {
+                    let src = &x[(b * tb + j) * k + i0..][..w];
+                    for (d, &v) in tile.iter_mut().skip(j).step_by(tb).zip(src) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+    });
+    let xp = SendPtr(if narrow {
+        x.as_ptr() as *mut f32
+    } else {
+        xpack.as_mut_ptr()
+    });
+    for_each_tile(jobs, &|job, range| {
+        let xp = &xp;
+        let g = job.kern.gemm.expect("the GEMM path");
+        let m = job.w.n_rows();
+        let rb = job.w.dtype.bytes_for(k).expect("checked by matmul_kernel");
+        let rows = range.len();
+        with_stored_rows(job.w, range.clone(), |wp| {
+            GBUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let (wf, ws) = match g.deq {
+                    Some(deq) => {
+                        // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
+                        // fall in the same L1 sets while the kernel reads them side by side.
+                        let ws = k + 16;
+                        grow(&mut buf, rows * ws);
+                        for r in 0..rows {
+                            // SAFETY: `wp` holds the tile's rows·rb stored bytes
+                            // (`with_stored_rows`); buf holds rows·k f32; `deq` was picked for
+                            // this dtype on an available ISA and k is whole blocks.
+                            unsafe { deq(wp.add(r * rb), buf.as_mut_ptr().add(r * ws), k) };
+                        }
+                        (buf.as_ptr(), ws)
+                    }
+                    // F32 rows are used in place: rb = 4k bytes each, the tile's rows at `wp`.
+                    None => (wp as *const f32, k),
+                };
+                let a = GemmArgs {
+                    w: wf,
+                    w_stride: ws,
+                    rows,
+                    x: xp.0,
+                    n,
+                    k,
+                    // SAFETY: columns range of every output row t (out has n·m elements).
+                    out: unsafe { job.out.0.add(range.start) },
+                    out_stride: m,
+                };
+                // SAFETY: the GemmFn contract: weights (buf or F32 rows) hold rows·k f32 at
+                // stride ws, x holds ceil(n/tb) packed blocks of tb·k f32 (the narrow kernel: n
+                // plain rows of k, n ≤ 8), out[t·m + r] for r in this task's range is written
+                // by this task alone; rows ≥ 1 and n ≥ 1.
+                unsafe {
+                    if narrow {
+                        (g.narrow)(&a)
+                    } else {
+                        (g.tile)(&a)
+                    }
+                };
+            })
+        });
+    });
+    XPACK.with(|b| *b.borrow_mut() = xpack);
+}
+
+thread_local! {
+    pub(super) static IBUF: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    pub(super) static XIPACK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Fast mode's many-row path ([`int8`]): activation rows quantized to 8 bits and packed once,
+/// then each task unpacks `GEMM_TILE_ROWS` weight rows to 8-bit codes and multiplies them by
+/// every packed block with `vpdpbusd`. Only on an AVX-512 VNNI CPU (the caller checks).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
+    pack_for_decode(jobs);
+    let k = jobs[0].w.row_len();
+    let blocks = n.div_ceil(int8::TB);
+    let (xb, fb) = int8::block_sizes(k);
+    let (mut xq, mut xf) = XIPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    grow(&mut xq, blocks * xb);
+    grow(&mut xf, 2 * blocks * fb);
+    let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
+    parallel_for(blocks, 1, &|range| {
+        let (xqp, xfp) = (&xqp, &xfp);
+        for b in range {
+            let rows = int8::TB.min(n - b * int8::TB);
+            // SAFETY: block b's bytes and f32 (dx in the first half of xf, sx in the second)
+            // lie inside the buffers sized above and only this task writes them; x holds
+            // rows·k f32 from row b·TB; k is a multiple of 32; AVX-512 VNNI (igemm flag).
+            unsafe {
+                int8::pack_x(
+                    x.as_ptr().add(b * int8::TB * k),
+                    rows,
+                    k,
+                    xqp.0.add(b * xb),
+                    xfp.0.add(b * fb),
+                    xfp.0.add((blocks + b) * fb),
+                )
+            };
+        }
+    });
+    let (xqp, xfp) = (SendPtr(xq.as_mut_ptr()), SendPtr(xf.as_mut_ptr()));
+    for_each_tile(jobs, &|job, range| {
+        let (xqp, xfp) = (&xqp, &xfp);
+        let m = job.w.n_rows();
+        let dtype = job.w.dtype;
+        let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
+        let rows = range.len();
+        // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
+        let cs = k + 64;
+        let gs = k / 16;
+        with_stored_rows(job.w, range.clone(), |wp| {
+            IBUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let (codes, f) = &mut *buf;
+                grow(codes, rows * cs);
+                grow(f, 2 * rows * gs);
+                let (dw, cw) = f[..2 * rows * gs].split_at_mut(rows * gs);
+                for r in 0..rows {
+                    // SAFETY: `wp` holds the tile's rows·rb stored bytes (`with_stored_rows`);
+                    // the outputs are row r of buffers sized above; `dtype` is supported (igemm
+                    // flag).
+                    unsafe {
+                        int8::unpack(
+                            dtype,
+                            wp.add(r * rb),
+                            k,
+                            codes.as_mut_ptr().add(r * cs),
+                            dw.as_mut_ptr().add(r * gs),
+                            cw.as_mut_ptr().add(r * gs),
+                        )
+                    };
+                }
+                let a = int8::IGemmArgs {
+                    codes: codes.as_ptr(),
+                    c_stride: cs,
+                    dw: dw.as_ptr(),
+                    cw: cw.as_ptr(),
+                    g_stride: gs,
+                    rows,
+                    xq: xqp.0,
+                    dx: xfp.0,
+                    sx: xfp.0.wrapping_add(blocks * fb),
+                    n,
+                    k,
+                    // SAFETY: columns `range` of every output row (out has n·m elements).
+                    out: unsafe { job.out.0.add(range.start) },
+                    out_stride: m,
+                };
+                // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
+                // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS.
+                unsafe { int8::gemm(&a) };
+            })
+        });
+    });
+    XIPACK.with(|b| *b.borrow_mut() = (xq, xf));
+}
+
+/// The 8-bit format fast mode multiplies `dtype` weights with for `n` activation rows on
+/// `isa`, if any (tests use it to build the effective activations).
+#[cfg(test)]
+pub(super) fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
+    #[cfg(target_arch = "x86_64")]
+    if dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available() && n >= BGEMM_MIN_ROWS {
+        return Some(DType::BF16);
+    }
+    let ad = act_format(dtype)?;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
+        return Some(DType::Q8_0);
+    }
+    if isa == Isa::Avx2 && n >= GEMM_MIN_ROWS {
+        return None;
+    }
+    let _ = (isa, n, k);
+    Some(ad)
+}

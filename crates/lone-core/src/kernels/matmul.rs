@@ -1,0 +1,306 @@
+//! The matrix product driver: the matrix-vector path (rows split over the pool, up to 4
+//! activation rows per kernel call) and the choice of a many-row GEMM.
+
+use super::*;
+
+/// Weight rows per kernel call: a tile small enough to stay in L1 while every group of 4
+/// activation rows passes over it.
+pub(super) const TILE_ROWS: usize = 16;
+
+#[derive(Clone, Copy)]
+pub(super) struct SendPtr<T>(pub(super) *mut T);
+// SAFETY: used only to hand disjoint output rows / read-only buffers to pool threads, all of
+// which finish before the owning borrow ends.
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+thread_local! {
+    pub(super) static QBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    pub(super) static DBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    pub(super) static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out[t, r] = sum_k w[r, k] * x[t, k]` for `n` activation rows `x` of length `K = w.row_len()`;
+/// `out` has `n * w.n_rows()` elements. Each weight block is loaded once per group of up to
+/// 4 activation rows. Uses the detected [`Isa`] and this thread's [`exact`] mode.
+pub fn matmul(w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let a = active();
+    let kern = a.table[dtype_index(w.dtype)][mode() as usize];
+    matmul_kernel(kern, w, x, n, out);
+}
+
+/// [`matmul`] with an explicit kernel family and mode (tests, benchmarks).
+///
+/// Panics if `isa` is not available on this CPU or the shapes do not match.
+pub fn matmul_with(isa: Isa, exact: bool, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    assert!(isa.is_available(), "{isa:?} is not supported by this CPU");
+    matmul_kernel(kernel(isa, w.dtype, exact), w, x, n, out);
+}
+
+/// [`matmul`] of several matrices with the same input width over the same activations
+/// (`outs[i]` gets `x · ws[i]ᵀ`), e.g. the q/k/v or gate/up projections. When they all take
+/// the same many-row GEMM, the activations are packed once and all the matrices' tiles share
+/// one parallel region; the results are those of separate [`matmul`] calls.
+///
+/// Panics if the shapes do not match.
+pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len(), "matmul_many: one output per matrix");
+    let a = active();
+    let ex = mode() as usize;
+    let kerns: Vec<Kernel> = ws
+        .iter()
+        .map(|w| a.table[dtype_index(w.dtype)][ex])
+        .collect();
+    let k = ws.first().map_or(0, |w| w.row_len());
+    let p = kerns.first().map_or(Path::Rows, |kern| path(kern, n, k));
+    // One pass serves them all when every matrix is well formed and takes the same path, and,
+    // on the matrix-vector path, its kernels take the f32 activations as they are (no
+    // per-format preparation).
+    let shared = ws.len() > 1
+        && n > 0
+        && k > 0
+        && ws.iter().zip(outs.iter()).all(|(w, o)| {
+            w.row_len() == k
+                && x.len() == n * k
+                && o.len() == n * w.n_rows()
+                && w.dtype.bytes_for(k).map(|rb| rb * w.n_rows()) == Some(w.data().len())
+                && w.n_rows() > 0
+        })
+        && kerns.iter().all(|kern| {
+            path(kern, n, k) == p
+                && (p != Path::Rows || matches!(kern.act, Act::F32 | Act::F32Sums))
+        });
+    if !shared {
+        for ((w, kern), o) in ws.iter().zip(kerns).zip(outs.iter_mut()) {
+            matmul_kernel(kern, w, x, n, o);
+        }
+        return;
+    }
+    let jobs: Vec<Job> = ws
+        .iter()
+        .zip(kerns)
+        .zip(outs.iter_mut())
+        .map(|((w, kern), o)| Job {
+            w,
+            kern,
+            out: SendPtr(o.as_mut_ptr()),
+        })
+        .collect();
+    if p != Path::Rows {
+        run_gemm_path(p, &jobs, x, n);
+        return;
+    }
+    // f32 kernels read the first k of each row, whatever the stride: one F32Sums copy serves
+    // every job when any of them needs the block sums.
+    let mut sbuf = SBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let (xp, xs) = if jobs.iter().any(|j| j.kern.act == Act::F32Sums) {
+        with_block_sums(x, n, k, &mut sbuf);
+        (SendPtr(sbuf.as_ptr() as *mut u8), 4 * (k + k / 32))
+    } else {
+        (SendPtr(x.as_ptr() as *mut u8), 4 * k)
+    };
+    for_each_chunk(&jobs, rows_chunk, &|job, range| {
+        let xp = &xp;
+        // SAFETY: checked above: whole weight rows, n activation rows of xs bytes (k f32,
+        // then block sums where the kernels take them), n·m outputs per job; each chunk's
+        // columns belong to its task alone.
+        unsafe { rows_task(job, xp.0, xs, n, range) }
+    });
+    SBUF.with(|b| *b.borrow_mut() = sbuf);
+}
+
+pub(super) fn dtype_index(d: DType) -> usize {
+    DType::ALL
+        .iter()
+        .position(|&x| x == d)
+        .expect("DType::ALL lists every format")
+}
+
+pub(super) fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: &mut [f32]) {
+    let k = w.row_len();
+    let m = w.n_rows();
+    let dtype = w.dtype;
+    assert_eq!(x.len(), n * k, "matmul: activation length");
+    assert_eq!(out.len(), n * m, "matmul: output length");
+    let rb = dtype
+        .bytes_for(k)
+        .expect("weight rows are whole blocks (checked at load)");
+    let data = w.data();
+    assert_eq!(data.len(), m * rb, "matmul: weight bytes");
+    if n == 0 || m == 0 {
+        return;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let p = path(&kern, n, k);
+    if p != Path::Rows {
+        let job = Job {
+            w,
+            kern,
+            out: SendPtr(out.as_mut_ptr()),
+        };
+        run_gemm_path(p, std::slice::from_ref(&job), x, n);
+        return;
+    }
+    let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut sbuf = SBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let (xp, xs): (*const u8, usize) = match kern.act {
+        Act::F32 => (x.as_ptr() as *const u8, 4 * k),
+        Act::F32Sums => {
+            with_block_sums(x, n, k, &mut sbuf);
+            (sbuf.as_ptr() as *const u8, 4 * (k + k / 32))
+        }
+        Act::Quant(ad) | Act::QuantDeq(ad) => {
+            let qb = ad
+                .bytes_for(k)
+                .expect("8-bit blocks match the weight blocks");
+            // Q8_1 rows for the integer kernels carry one f32 per block after the blocks:
+            // d·Σq, exactly (ggml's f16 `s` field rounds it).
+            let sums = matches!(kern.act, Act::Quant(DType::Q8_1));
+            let qs = if sums { qb + 4 * (k / 32) } else { qb };
+            qbuf.resize(n * qs, 0);
+            quantize_rows(ad, x, k, qb, qs, &mut qbuf);
+            if let Act::QuantDeq(_) = kern.act {
+                dbuf.resize(n * k, 0.0);
+                for (q, d) in qbuf.chunks(qs).zip(dbuf.chunks_mut(k)) {
+                    quant::dequantize_row(ad, &q[..qb], d).expect("sizes checked above");
+                }
+                (dbuf.as_ptr() as *const u8, 4 * k)
+            } else {
+                (qbuf.as_ptr(), qs)
+            }
+        }
+    };
+    let job = Job {
+        w,
+        kern,
+        out: SendPtr(out.as_mut_ptr()),
+    };
+    let xp = SendPtr(xp as *mut u8);
+    for_each_chunk(std::slice::from_ref(&job), rows_chunk, &|job, range| {
+        let xp = &xp;
+        // SAFETY: the weights hold m·rb bytes (checked above), the activations n rows of xs
+        // bytes in the kernel's format (built above), out n·m f32; `range` is this task's.
+        unsafe { rows_task(job, xp.0, xs, n, range) }
+    });
+    QBUF.with(|b| *b.borrow_mut() = qbuf);
+    DBUF.with(|b| *b.borrow_mut() = dbuf);
+    SBUF.with(|b| *b.borrow_mut() = sbuf);
+}
+
+/// [`Act::F32Sums`] rows of the `n` activation rows `x` (`k` each) into `buf`.
+pub(super) fn with_block_sums(x: &[f32], n: usize, k: usize, buf: &mut Vec<f32>) {
+    let nb = k / 32;
+    let rs = k + nb;
+    grow(buf, n * rs);
+    for (xr, o) in x.chunks_exact(k).zip(buf.chunks_exact_mut(rs)).take(n) {
+        o[..k].copy_from_slice(xr);
+        for (b, s) in o[k..].iter_mut().enumerate() {
+            *s = xr[32 * b..32 * b + 32].iter().sum();
+        }
+    }
+}
+
+/// Rows per task of the matrix-vector path: about 4 tasks per thread, whole tiles.
+pub(super) fn rows_chunk(m: usize) -> usize {
+    m.div_ceil(threads() * 4).next_multiple_of(TILE_ROWS)
+}
+
+/// The matrix-vector kernels over weight rows `range` of `job`: `TILE_ROWS` rows by up to 4
+/// activation rows per call.
+///
+/// # Safety
+/// `job.w` holds whole rows of its format; `xp` holds `n` activation rows of `xs` bytes in
+/// the format `job.kern` takes; `job.out` holds `n × m` f32 and no other task writes the
+/// columns `range`.
+pub(super) unsafe fn rows_task(
+    job: &Job,
+    xp: *const u8,
+    xs: usize,
+    n: usize,
+    range: std::ops::Range<usize>,
+) {
+    let k = job.w.row_len();
+    let m = job.w.n_rows();
+    let rb = job.w.dtype.bytes_for(k).expect("checked by the caller");
+    let wp = if job.kern.packed {
+        // Groups of 8 rows at the rows' own offsets: `range` starts at a multiple of
+        // TILE_ROWS (`rows_chunk`), so every tile starts a group.
+        job.w.packed(packed::rows_by_8).as_ptr()
+    } else {
+        job.w.data().as_ptr()
+    };
+    let mut r0 = range.start;
+    while r0 < range.end {
+        let rows = TILE_ROWS.min(range.end - r0);
+        let mut t0 = 0;
+        while t0 < n {
+            let nx = 4.min(n - t0);
+            // SAFETY: rows r0..r0+rows of the weights and activation rows t0..t0+nx are in
+            // bounds; out[t·m + r] for these r belongs to this task alone; `kern` was built
+            // for this dtype on an available ISA (the function's contract).
+            unsafe {
+                let a = MatArgs {
+                    dtype: job.w.dtype,
+                    w: wp.add(r0 * rb),
+                    w_stride: rb,
+                    rows,
+                    x: xp.add(t0 * xs),
+                    x_stride: xs,
+                    nx,
+                    k,
+                    out: job.out.0.add(t0 * m + r0),
+                    out_stride: m,
+                };
+                (job.kern.f)(&a);
+            }
+            t0 += nx;
+        }
+        r0 += rows;
+    }
+}
+
+/// Grows a scratch buffer to at least `n` elements. Never shrinks, and never re-initialises
+/// what is there: every user overwrites the part it reads (buffers alternate between the
+/// sizes of different matrices, and zero-filling on each growth showed up as memset time).
+pub(super) fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+/// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of
+/// `qs` bytes (`qb` of blocks, then for Q8_1 the f32 block sums), in parallel for many rows.
+pub(super) fn quantize_rows(ad: DType, x: &[f32], k: usize, qb: usize, qs: usize, q: &mut [u8]) {
+    let one = |xr: &[f32], qr: &mut [u8]| {
+        let (blocks, sums) = qr.split_at_mut(qb);
+        quant::quantize_row(ad, xr, blocks).expect("sizes checked by the caller");
+        if !sums.is_empty() {
+            for (b, s) in blocks.chunks(36).zip(sums.chunks_mut(4)) {
+                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                let sq: i32 = b[4..].iter().map(|&v| i32::from(v as i8)).sum();
+                s.copy_from_slice(&(d * sq as f32).to_ne_bytes());
+            }
+        }
+    };
+    let n = x.len() / k;
+    if n < 8 {
+        for (xr, qr) in x.chunks(k).zip(q.chunks_mut(qs)) {
+            one(xr, qr);
+        }
+        return;
+    }
+    let qp = SendPtr(q.as_mut_ptr());
+    parallel_for(n, 4, &|range| {
+        let qp = &qp;
+        for t in range {
+            // SAFETY: row t's bytes lie inside `q` and no other task touches them.
+            let qr = unsafe { std::slice::from_raw_parts_mut(qp.0.add(t * qs), qs) };
+            one(&x[t * k..(t + 1) * k], qr);
+        }
+    });
+}

@@ -1,0 +1,198 @@
+//! The numeric mode and the compute context: what a thread's matmuls use.
+
+use super::*;
+
+/// The numeric mode of quantized matrix products (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// 8-bit (bf16) activations everywhere, as llama.cpp.
+    Fast = 0,
+    /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
+    Exact = 1,
+    /// The default: on x86 (AVX2, AVX-512), prompt processing (many rows: the f32 GEMM) is
+    /// exact and the matrix-vector products of quantized weights with 8-bit kernels (decode:
+    /// fewer than 16 rows; Q4_0-Q8_0 and Q4_K-Q6_K, see `auto_8bit`) take them.
+    /// `Model::forward` then
+    /// recomputes each row's top output logits exactly, so the token picked is the exact
+    /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
+    /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. Elsewhere (scalar,
+    /// NEON) `Exact`. [`Mode::resolved`] says what it means on this CPU.
+    Auto = 2,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fast => "fast",
+            Mode::Exact => "exact",
+            Mode::Auto => "auto",
+        }
+    }
+
+    /// The mode's name with the detected kernel family: `auto` is `exact` off x86.
+    pub fn resolved(self) -> &'static str {
+        match (self, isa()) {
+            (Mode::Auto, Isa::Avx2 | Isa::Avx512) => "auto",
+            (Mode::Auto, _) => "exact",
+            (m, _) => m.name(),
+        }
+    }
+}
+
+/// 0: not yet read from `LONE_EXACT`; else 1 + the [`Mode`].
+pub(super) static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// What the current thread's matmuls use, set by a [`Scope`] (a model's [`Compute`] for
+/// the length of its forward pass, or a test's [`exact_scope`]).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Here {
+    /// None: the process-wide mode.
+    pub(super) mode: Option<Mode>,
+    /// The model's own mode while `mode` is a prompt pass's exact one (what its decode rows
+    /// take: whether the packed layouts are in use).
+    pub(super) base: Option<Mode>,
+    /// Prompt rows: every row count takes the f32 GEMM where the format has one (see
+    /// [`Compute::enter`]).
+    pub(super) prompt: bool,
+    /// Most threads a parallel region of this thread uses; None: the pool's.
+    pub(super) threads: Option<usize>,
+}
+
+thread_local! {
+    pub(super) static HERE: Cell<Here> = const {
+        Cell::new(Here {
+            mode: None,
+            base: None,
+            prompt: false,
+            threads: None,
+        })
+    };
+}
+
+pub(super) fn mode_from(v: u8) -> Mode {
+    match v {
+        1 => Mode::Fast,
+        2 => Mode::Exact,
+        _ => Mode::Auto,
+    }
+}
+
+/// Set the process-wide numeric mode: `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
+pub fn set_exact(on: bool) {
+    set_mode(if on { Mode::Exact } else { Mode::Fast });
+}
+
+/// Set the process-wide numeric mode (what a model whose [`Compute`] names none uses). The
+/// initial value comes from the environment: `LONE_EXACT=0` starts in fast mode,
+/// `LONE_EXACT=1` in exact mode, else [`Mode::Auto`].
+pub fn set_mode(m: Mode) {
+    MODE.store(1 + m as u8, Ordering::SeqCst);
+}
+
+/// The process-wide numeric mode.
+pub fn global_mode() -> Mode {
+    match MODE.load(Ordering::Relaxed) {
+        0 => {
+            let m = match std::env::var("LONE_EXACT").as_deref().map(str::trim) {
+                Ok("0") => Mode::Fast,
+                Ok("1") => Mode::Exact,
+                _ => Mode::Auto,
+            };
+            let _ = MODE.compare_exchange(0, 1 + m as u8, Ordering::SeqCst, Ordering::SeqCst);
+            mode_from(MODE.load(Ordering::SeqCst))
+        }
+        v => mode_from(v),
+    }
+}
+
+/// The mode matmuls issued from this thread use.
+pub fn mode() -> Mode {
+    HERE.with(|c| c.get()).mode.unwrap_or_else(global_mode)
+}
+
+/// Whether this thread's matmuls are on prompt rows ([`Compute::enter`]): attention then
+/// takes its GEMM form for every run of rows too.
+pub fn prompt_rows() -> bool {
+    HERE.with(|c| c.get()).prompt
+}
+
+/// Whether matmuls issued from this thread are exact on every path (f32 activations).
+pub fn exact() -> bool {
+    match mode() {
+        Mode::Exact => true,
+        Mode::Fast => false,
+        Mode::Auto => !matches!(isa(), Isa::Avx2 | Isa::Avx512),
+    }
+}
+
+/// How a model computes: its numeric mode and threads, owned by the model (so a draft model
+/// and its target can differ) and in force on the calling thread for each forward pass
+/// ([`Compute::enter`]). `None` fields keep what the calling thread has (a test's
+/// [`exact_scope`]), else the process-wide settings ([`set_mode`], [`set_threads`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compute {
+    pub mode: Option<Mode>,
+    /// Threads of each parallel region (the caller included), at most the pool's.
+    pub threads: Option<usize>,
+}
+
+impl Compute {
+    /// The mode this context resolves to on the calling thread now.
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or_else(mode)
+    }
+
+    /// Put this context in force on the current thread until the guard drops. `prompt`: the
+    /// rows are prompt tokens. Outside fast mode those are processed exactly and every row
+    /// count takes the f32 GEMM (on x86), whose result for a row does not depend on the other
+    /// rows or their number (each output is one FMA chain over `k`): a prompt gives the same
+    /// logits whether it comes whole, in chunks, or after a cached prefix. Decode rows take
+    /// the mode's matrix-vector kernels.
+    pub fn enter(&self, prompt: bool) -> Scope {
+        let m = self.mode();
+        let (mode, prompt) = if prompt && m != Mode::Fast {
+            (Mode::Exact, true)
+        } else {
+            (m, false)
+        };
+        Scope(HERE.with(|c| {
+            c.replace(Here {
+                mode: Some(mode),
+                base: Some(m),
+                prompt,
+                threads: self.threads.or(c.get().threads),
+            })
+        }))
+    }
+}
+
+/// Override the mode for matmuls issued from the current thread until the guard drops:
+/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
+pub fn exact_scope(on: bool) -> Scope {
+    Compute {
+        mode: Some(if on { Mode::Exact } else { Mode::Fast }),
+        threads: None,
+    }
+    .enter(false)
+}
+
+/// A [`Compute`] in force on this thread; dropping it restores what was.
+pub struct Scope(Here);
+impl Drop for Scope {
+    fn drop(&mut self) {
+        HERE.with(|c| c.set(self.0));
+    }
+}
+
+/// Whether `dtype`'s decode kernels in this thread's base mode read the packed layout, so
+/// that a prompt GEMM should build it (and read only it) rather than the file's pages.
+pub(super) fn packs_here(dtype: DType) -> bool {
+    let here = HERE.with(|c| c.get());
+    let m = here.base.or(here.mode).unwrap_or_else(global_mode);
+    active().table[dtype_index(dtype)][m as usize].packed
+}
+
+/// Most threads this thread's parallel regions use.
+pub(super) fn threads_here() -> Option<usize> {
+    HERE.with(|c| c.get()).threads
+}

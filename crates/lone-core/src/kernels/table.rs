@@ -1,0 +1,417 @@
+//! Instruction sets and the kernel table: which kernel multiplies each format in each mode.
+
+use super::*;
+
+// ------------------------------------------------------------------ instruction sets
+
+/// A kernel family. [`isa`] is the best one the CPU supports (or `LONE_ISA=scalar|avx2|
+/// avx512|neon` when set and supported); tests and benchmarks can request any available one
+/// through [`matmul_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust (`quant::reference`).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C): 512-bit float kernels, 256-bit
+    /// VNNI integer kernels.
+    Avx512,
+    /// aarch64 NEON (float weights; other formats use the scalar kernels for now).
+    Neon,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
+    /// Whether this CPU can run the family.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Every family this CPU can run, slowest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The kernel family [`matmul`] uses, detected once.
+pub fn isa() -> Isa {
+    active().isa
+}
+
+// ------------------------------------------------------------------ kernel table
+
+/// One call of a kernel: `out[t * out_stride + r] = dot(weight row r, activation row t)` for
+/// `r < rows`, `t < nx` (1..=4). Weight rows are `w_stride` bytes apart, activation rows
+/// `x_stride` bytes apart (f32 or the kernel's 8-bit activation format), rows of `k` elements.
+pub(crate) struct MatArgs {
+    pub dtype: DType,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub x: *const u8,
+    pub x_stride: usize,
+    pub nx: usize,
+    pub k: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// A kernel. Safety contract: every pointer in the `MatArgs` is valid for the bytes the call
+/// reads or writes, `k` is a whole number of the format's blocks, `nx` is 1..=4, the rows
+/// written do not overlap other threads' rows, and the CPU supports the kernel's [`Isa`].
+pub(crate) type MatFn = unsafe fn(&MatArgs);
+
+/// A tile of an f32 matrix product: `out[t * out_stride + r] = Σ_i w[r * w_stride + i] ·
+/// x[t, i]` for `r < rows`, `t < n`, `i < k` (strides in elements). The activations are
+/// packed in blocks of `tb` rows (the kernel's [`Gemm::tb`]): block `b` holds `x[b·tb + j, i]`
+/// at `x[(b·tb + i)·k... ]`, precisely `x[b·tb·k + i·tb + j]`, zero past row `n`.
+pub(crate) struct GemmArgs {
+    pub w: *const f32,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub x: *const f32,
+    pub n: usize,
+    pub k: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// An f32 GEMM tile kernel. Safety contract: every pointer in the `GemmArgs` is valid for
+/// what the call reads or writes, `rows` and `n` are at least 1, the outputs do not overlap
+/// other threads', and the CPU supports the kernel's [`Isa`].
+pub(crate) type GemmFn = unsafe fn(&GemmArgs);
+
+/// Dequantize one stored row of `k` elements (whole blocks) at `src` into `k` f32 at `dst`,
+/// bit-exactly. Same safety contract as [`GemmFn`].
+pub(crate) type DeqFn = unsafe fn(*const u8, *mut f32, usize);
+
+/// The exact-mode many-row path: rows dequantized once into f32 (`deq`; F32 needs none), then
+/// multiplied by every activation row with a register-blocked f32 tile kernel.
+#[derive(Clone, Copy)]
+pub(super) struct Gemm {
+    pub(super) deq: Option<DeqFn>,
+    pub(super) tile: GemmFn,
+    /// Activation rows per packed block.
+    pub(super) tb: usize,
+    /// A SIMD packer for one block (`x`, `k`, rows, `dst`); None: the portable loop.
+    pub(super) pack: Option<unsafe fn(*const f32, usize, usize, *mut f32)>,
+    /// For at most [`NARROW_ROWS`] activation rows (plain, not packed): the same outputs,
+    /// bit for bit, vectorised over weight rows (`x86::gemm_narrow`).
+    pub(super) narrow: GemmFn,
+}
+
+/// Activation rows up to which [`Gemm::narrow`] runs instead of the tile kernel (a short
+/// prompt step, which the f32 GEMM takes too: prompt rows give the same results in any
+/// number).
+pub(super) const NARROW_ROWS: usize = 8;
+
+/// Which activations a kernel takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Act {
+    F32,
+    /// f32 rows of `k`, each followed by `k/32` f32 block sums (the sum of each 32
+    /// consecutive activations): the factored exact kernels read `Σ x` per block from them.
+    F32Sums,
+    /// 8-bit blocks of this format.
+    Quant(DType),
+    /// f32 values of the 8-bit blocks (quantized, then dequantized): the scalar fast path.
+    QuantDeq(DType),
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Kernel {
+    pub(super) f: MatFn,
+    pub(super) act: Act,
+    /// The f32 GEMM used instead of `f` for many activation rows (exact kernels only).
+    pub(super) gemm: Option<Gemm>,
+    /// Fast mode: the 8-bit GEMM ([`int8`]) is used instead of `f` for many activation rows.
+    pub(super) igemm: bool,
+    /// Fast mode, BF16 weights: the bf16 GEMM ([`bf16`]) for many activation rows.
+    pub(super) bgemm: bool,
+    /// `f` reads the weights in [`packed`]'s rows-by-8 layout ([`Tensor::packed`]).
+    pub(super) packed: bool,
+}
+
+/// The 8-bit activation format llama.cpp pairs with a weight format.
+pub(super) fn act_format(dtype: DType) -> Option<DType> {
+    match dtype {
+        DType::Q8_0 => Some(DType::Q8_0),
+        // Q4_0/Q5_0 as unsigned quants with a min (the zero point), like Q4_1/Q5_1.
+        DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
+        DType::Q4K | DType::Q5K | DType::Q6K => Some(DType::Q8K),
+        _ => None,
+    }
+}
+
+/// Scalar kernel: `quant::reference::dot_row` per (row, activation row), f32 activations.
+pub(super) unsafe fn scalar_rows(a: &MatArgs) {
+    // Rows of `rb` bytes, `w_stride` apart (the stride may be longer: strided key rows).
+    let rb = a
+        .dtype
+        .bytes_for(a.k)
+        .expect("weight rows are whole blocks (checked by matmul)");
+    for r in 0..a.rows {
+        // SAFETY: the MatFn contract: row r of `rb` bytes at r·w_stride and activation rows of
+        // `k` f32.
+        let w = unsafe { std::slice::from_raw_parts(a.w.add(r * a.w_stride), rb) };
+        for t in 0..a.nx {
+            // SAFETY: as above; f32 activations are 4-byte aligned (they come from &[f32]).
+            let x =
+                unsafe { std::slice::from_raw_parts(a.x.add(t * a.x_stride) as *const f32, a.k) };
+            let v = quant::reference::dot_row(a.dtype, w, x)
+                .expect("weight rows are whole blocks (checked by matmul)");
+            // SAFETY: the MatFn contract: out[t * out_stride + r] is ours to write.
+            unsafe { *a.out.add(t * a.out_stride + r) = v };
+        }
+    }
+}
+
+pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
+    let fast_act = if exact { None } else { act_format(dtype) };
+    let scalar = Kernel {
+        f: scalar_rows,
+        act: fast_act.map_or(Act::F32, Act::QuantDeq),
+        gemm: None,
+        igemm: false,
+        bgemm: false,
+        packed: false,
+    };
+    match isa {
+        Isa::Scalar => scalar,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => {
+            let mut k = x86_kernel(isa, dtype, fast_act).unwrap_or(scalar);
+            if isa == Isa::Avx2 && k.gemm.is_none() {
+                // No 8-bit GEMM on AVX2 (yet): many rows take the exact f32 GEMM, faster than
+                // the 8-bit matrix-vector kernels' four rows per weight pass.
+                k.gemm = x86_kernel(isa, dtype, None).and_then(|e| e.gemm);
+            }
+            k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
+            k.igemm = !exact && isa == Isa::Avx512 && int8::supports(dtype);
+            if k.igemm {
+                k.gemm = None;
+            }
+            k
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel {
+            f,
+            act: Act::F32,
+            gemm: None,
+            igemm: false,
+            bgemm: false,
+            packed: false,
+        }),
+        #[allow(unreachable_patterns)]
+        _ => scalar,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
+    macro_rules! pick {
+        ($name:ident) => {
+            if isa == Isa::Avx512 {
+                x86::avx512::$name as MatFn
+            } else {
+                x86::avx2::$name as MatFn
+            }
+        };
+    }
+    macro_rules! deq {
+        ($name:ident) => {
+            Some(if isa == Isa::Avx512 {
+                x86::avx512::$name as DeqFn
+            } else {
+                x86::avx2::$name as DeqFn
+            })
+        };
+    }
+    type PackFn = unsafe fn(*const f32, usize, usize, *mut f32);
+    let (tile, tb, pack, narrow) = if isa == Isa::Avx512 {
+        (
+            x86::avx512::gemm as GemmFn,
+            32,
+            Some(x86::pack32_avx512 as PackFn),
+            x86::avx512::gemm_narrow as GemmFn,
+        )
+    } else {
+        (
+            x86::avx2::gemm as GemmFn,
+            16,
+            None,
+            x86::avx2::gemm_narrow as GemmFn,
+        )
+    };
+    let f32k = |f: MatFn, deq: Option<DeqFn>| {
+        Some(Kernel {
+            f,
+            act: Act::F32,
+            gemm: Some(Gemm {
+                deq,
+                tile,
+                tb,
+                pack,
+                narrow,
+            }),
+            igemm: false,
+            bgemm: false,
+            packed: false,
+        })
+    };
+    if let Some(ad) = fast_act {
+        let packed = packed::packs(dtype);
+        let f = match dtype {
+            DType::Q4_0 => pick!(q4_0_x8),
+            DType::Q4_1 => pick!(q4_1_x8),
+            DType::Q5_0 => pick!(q5_0_x8),
+            DType::Q5_1 => pick!(q5_1_x8),
+            DType::Q8_0 => pick!(q8_0),
+            DType::Q4K => pick!(q4_k),
+            DType::Q5K => pick!(q5_k),
+            DType::Q6K => pick!(q6_k),
+            _ => unreachable!("act_format covers these"),
+        };
+        return Some(Kernel {
+            f,
+            act: Act::Quant(ad),
+            gemm: None,
+            igemm: false,
+            bgemm: false,
+            packed,
+        });
+    }
+    // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
+    // table-lookup kernels are faster there.
+    if isa == Isa::Avx2 {
+        let fac =
+            |f: MatFn, act: Act, deq: Option<DeqFn>| f32k(f, deq).map(|k| Kernel { act, ..k });
+        match dtype {
+            DType::Q4_0 => return fac(x86::fac::q4_0, Act::F32Sums, deq!(deq_q4_0)),
+            DType::Q4_1 => return fac(x86::fac::q4_1, Act::F32Sums, deq!(deq_q4_1)),
+            DType::Q5_0 => return fac(x86::fac::q5_0, Act::F32, deq!(deq_q5_0)),
+            DType::Q5_1 => return fac(x86::fac::q5_1, Act::F32Sums, deq!(deq_q5_1)),
+            DType::Q8_0 => return fac(x86::fac::q8_0, Act::F32, deq!(deq_q8_0)),
+            DType::Q4K => return fac(x86::fac::q4_k, Act::F32Sums, deq!(deq_q4_k)),
+            DType::Q5K => return fac(x86::fac::q5_k, Act::F32Sums, deq!(deq_q5_k)),
+            DType::Q6K => return fac(x86::fac::q6_k, Act::F32, deq!(deq_q6_k)),
+            _ => {}
+        }
+    }
+    match dtype {
+        DType::F32 => f32k(pick!(f32), None),
+        DType::F16 => f32k(pick!(f16), deq!(deq_f16)),
+        DType::BF16 => f32k(pick!(bf16), deq!(deq_bf16)),
+        DType::Q4_0 => f32k(pick!(exact_q4_0), deq!(deq_q4_0)),
+        DType::Q4_1 => f32k(pick!(exact_q4_1), deq!(deq_q4_1)),
+        DType::Q5_0 => f32k(pick!(exact_q5_0), deq!(deq_q5_0)),
+        DType::Q5_1 => f32k(pick!(exact_q5_1), deq!(deq_q5_1)),
+        DType::Q8_0 => f32k(pick!(exact_q8_0), deq!(deq_q8_0)),
+        DType::Q2K => f32k(pick!(exact_q2_k), deq!(deq_q2_k)),
+        DType::Q3K => f32k(pick!(exact_q3_k), deq!(deq_q3_k)),
+        DType::Q4K => f32k(pick!(exact_q4_k), deq!(deq_q4_k)),
+        DType::Q5K => f32k(pick!(exact_q5_k), deq!(deq_q5_k)),
+        DType::Q6K => f32k(pick!(exact_q6_k), deq!(deq_q6_k)),
+        DType::Q8_1 | DType::Q8K => None,
+    }
+}
+
+/// The detected family's kernels, [fast, exact] per format, built once.
+pub(super) struct Active {
+    pub(super) isa: Isa,
+    /// Per format, indexed by [`Mode`] (fast, exact, auto).
+    pub(super) table: Vec<[Kernel; 3]>,
+    pub(super) vec: VecFns,
+}
+
+/// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
+/// of `isa`: x86, every format with 8-bit kernels. The 4/5-bit legacy formats take the
+/// rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones are not
+/// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
+/// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
+pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512) && act_format(dtype).is_some()
+}
+
+/// Most rows of one matmul whose results do not depend on how many rows there are, for
+/// `dtype` in this thread's mode: in [`Mode::Auto`] on x86, formats on the 8-bit matrix-vector
+/// kernels switch to the exact f32 GEMM at [`GEMM_MIN_ROWS`] rows, so a row's logits (and
+/// possibly a greedy token) would differ between a one-row decode and a long batch.
+/// `usize::MAX` where every row count multiplies the same way (exact f32 everywhere, up to the
+/// order of rounding). Speculation keeps verify passes within this.
+pub fn row_invariant_rows(dtype: DType) -> usize {
+    if mode() == Mode::Auto && auto_8bit(isa(), dtype) {
+        GEMM_MIN_ROWS - 1
+    } else {
+        usize::MAX
+    }
+}
+
+/// [`Mode::Auto`]'s kernel: where [`auto_8bit`], fast mode's matrix-vector kernel with the
+/// exact f32 GEMM for many rows; elsewhere the exact kernel.
+pub(super) fn auto_kernel(isa: Isa, dtype: DType, fast: Kernel, exact: Kernel) -> Kernel {
+    if auto_8bit(isa, dtype) {
+        Kernel {
+            gemm: exact.gemm,
+            igemm: false,
+            bgemm: false,
+            ..fast
+        }
+    } else {
+        exact
+    }
+}
+
+pub(super) fn active() -> &'static Active {
+    pub(super) static ACTIVE: OnceLock<Active> = OnceLock::new();
+    ACTIVE.get_or_init(|| {
+        let best = *Isa::available().last().expect("scalar is always available");
+        let isa = std::env::var("LONE_ISA")
+            .ok()
+            .and_then(|v| Isa::ALL.into_iter().find(|i| i.name() == v.trim()))
+            .filter(|i| i.is_available())
+            .unwrap_or(best);
+        let table = DType::ALL
+            .iter()
+            .map(|&d| {
+                let (fast, exact) = (kernel(isa, d, false), kernel(isa, d, true));
+                [fast, exact, auto_kernel(isa, d, fast, exact)]
+            })
+            .collect();
+        Active {
+            isa,
+            table,
+            vec: vec_fns(isa),
+        }
+    })
+}
