@@ -162,15 +162,88 @@ pub(super) struct Kernel {
     pub(super) packed: bool,
 }
 
+/// One weight format as the kernel table sees it: its 8-bit activation format and its
+/// kernels per ISA, all in one place (as ggml's `type_traits_cpu`). A format is added here
+/// (plus its quantizer in `quant`, and for the rows-by-8 layout `packed::header`).
+pub(super) struct Format {
+    pub(super) dtype: DType,
+    /// The 8-bit activation format llama.cpp pairs with it in fast mode (Q4_0/Q5_0 as
+    /// unsigned quants with a min, the zero point, like Q4_1/Q5_1), if any.
+    pub(super) act: Option<DType>,
+    #[cfg(target_arch = "x86_64")]
+    pub(super) x86: X86Kernels,
+}
+
+/// A format's x86 kernels; pairs are [AVX2, AVX-512].
+#[cfg(target_arch = "x86_64")]
+pub(super) struct X86Kernels {
+    /// The exact matrix-vector kernel (f32 activations).
+    pub(super) exact: [MatFn; 2],
+    /// The bit-exact row dequantizer of the f32 GEMM; None: rows used in place (F32).
+    pub(super) deq: Option<[DeqFn; 2]>,
+    /// AVX2's factored exact kernel (scales out of the block sums), faster there than the
+    /// generic one, and the activations it takes.
+    pub(super) fac: Option<(MatFn, Act)>,
+    /// The 8-bit matrix-vector kernel (activations in `act`'s format).
+    pub(super) fast: Option<[MatFn; 2]>,
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! both {
+    ($name:ident, $t:ty) => {
+        [x86::avx2::$name as $t, x86::avx512::$name as $t]
+    };
+}
+
+macro_rules! weight_format {
+    ($dtype:ident, $act:expr, exact: $exact:ident, deq: $deq:expr, fac: $fac:expr, fast: $fast:expr) => {
+        Format {
+            dtype: DType::$dtype,
+            act: $act,
+            #[cfg(target_arch = "x86_64")]
+            x86: X86Kernels {
+                exact: both!($exact, MatFn),
+                deq: $deq,
+                fac: $fac,
+                fast: $fast,
+            },
+        }
+    };
+}
+
+/// Every weight format lone multiplies (Q8_1 and Q8_K are activation formats only).
+pub(super) const FORMATS: &[Format] = &[
+    weight_format!(F32, None, exact: f32, deq: None, fac: None, fast: None),
+    weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None),
+    weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None),
+    weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
+        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(both!(q4_0_x8, MatFn))),
+    weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
+        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(both!(q4_1_x8, MatFn))),
+    weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
+        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(both!(q5_0_x8, MatFn))),
+    weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
+        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(both!(q5_1_x8, MatFn))),
+    weight_format!(Q8_0, Some(DType::Q8_0), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
+        fac: Some((x86::fac::q8_0 as MatFn, Act::F32)), fast: Some(both!(q8_0, MatFn))),
+    weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
+    weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
+    weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
+        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(both!(q4_k, MatFn))),
+    weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
+        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(both!(q5_k, MatFn))),
+    weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
+        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(both!(q6_k, MatFn))),
+];
+
+/// `dtype`'s entry in [`FORMATS`].
+pub(super) fn format_of(dtype: DType) -> Option<&'static Format> {
+    FORMATS.iter().find(|f| f.dtype == dtype)
+}
+
 /// The 8-bit activation format llama.cpp pairs with a weight format.
 pub(super) fn act_format(dtype: DType) -> Option<DType> {
-    match dtype {
-        DType::Q8_0 => Some(DType::Q8_0),
-        // Q4_0/Q5_0 as unsigned quants with a min (the zero point), like Q4_1/Q5_1.
-        DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
-        DType::Q4K | DType::Q5K | DType::Q6K => Some(DType::Q8K),
-        _ => None,
-    }
+    format_of(dtype).and_then(|f| f.act)
 }
 
 /// Scalar kernel: `quant::reference::dot_row` per (row, activation row), f32 activations.
@@ -239,24 +312,9 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
 
 #[cfg(target_arch = "x86_64")]
 pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
-    macro_rules! pick {
-        ($name:ident) => {
-            if isa == Isa::Avx512 {
-                x86::avx512::$name as MatFn
-            } else {
-                x86::avx2::$name as MatFn
-            }
-        };
-    }
-    macro_rules! deq {
-        ($name:ident) => {
-            Some(if isa == Isa::Avx512 {
-                x86::avx512::$name as DeqFn
-            } else {
-                x86::avx2::$name as DeqFn
-            })
-        };
-    }
+    let f = format_of(dtype)?;
+    let k = &f.x86;
+    let level = usize::from(isa == Isa::Avx512);
     type PackFn = unsafe fn(*const f32, usize, usize, *mut f32);
     let (tile, tb, pack, narrow) = if isa == Isa::Avx512 {
         (
@@ -290,59 +348,24 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         })
     };
     if let Some(ad) = fast_act {
-        let packed = packed::packs(dtype);
-        let f = match dtype {
-            DType::Q4_0 => pick!(q4_0_x8),
-            DType::Q4_1 => pick!(q4_1_x8),
-            DType::Q5_0 => pick!(q5_0_x8),
-            DType::Q5_1 => pick!(q5_1_x8),
-            DType::Q8_0 => pick!(q8_0),
-            DType::Q4K => pick!(q4_k),
-            DType::Q5K => pick!(q5_k),
-            DType::Q6K => pick!(q6_k),
-            _ => unreachable!("act_format covers these"),
-        };
+        let fast = k
+            .fast
+            .expect("a format with an 8-bit activation format has 8-bit kernels");
         return Some(Kernel {
-            f,
+            f: fast[level],
             act: Act::Quant(ad),
             gemm: None,
             igemm: false,
             bgemm: false,
-            packed,
+            packed: packed::packs(dtype),
         });
     }
+    let deq = k.deq.map(|d| d[level]);
     // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
     // table-lookup kernels are faster there.
-    if isa == Isa::Avx2 {
-        let fac =
-            |f: MatFn, act: Act, deq: Option<DeqFn>| f32k(f, deq).map(|k| Kernel { act, ..k });
-        match dtype {
-            DType::Q4_0 => return fac(x86::fac::q4_0, Act::F32Sums, deq!(deq_q4_0)),
-            DType::Q4_1 => return fac(x86::fac::q4_1, Act::F32Sums, deq!(deq_q4_1)),
-            DType::Q5_0 => return fac(x86::fac::q5_0, Act::F32, deq!(deq_q5_0)),
-            DType::Q5_1 => return fac(x86::fac::q5_1, Act::F32Sums, deq!(deq_q5_1)),
-            DType::Q8_0 => return fac(x86::fac::q8_0, Act::F32, deq!(deq_q8_0)),
-            DType::Q4K => return fac(x86::fac::q4_k, Act::F32Sums, deq!(deq_q4_k)),
-            DType::Q5K => return fac(x86::fac::q5_k, Act::F32Sums, deq!(deq_q5_k)),
-            DType::Q6K => return fac(x86::fac::q6_k, Act::F32, deq!(deq_q6_k)),
-            _ => {}
-        }
-    }
-    match dtype {
-        DType::F32 => f32k(pick!(f32), None),
-        DType::F16 => f32k(pick!(f16), deq!(deq_f16)),
-        DType::BF16 => f32k(pick!(bf16), deq!(deq_bf16)),
-        DType::Q4_0 => f32k(pick!(exact_q4_0), deq!(deq_q4_0)),
-        DType::Q4_1 => f32k(pick!(exact_q4_1), deq!(deq_q4_1)),
-        DType::Q5_0 => f32k(pick!(exact_q5_0), deq!(deq_q5_0)),
-        DType::Q5_1 => f32k(pick!(exact_q5_1), deq!(deq_q5_1)),
-        DType::Q8_0 => f32k(pick!(exact_q8_0), deq!(deq_q8_0)),
-        DType::Q2K => f32k(pick!(exact_q2_k), deq!(deq_q2_k)),
-        DType::Q3K => f32k(pick!(exact_q3_k), deq!(deq_q3_k)),
-        DType::Q4K => f32k(pick!(exact_q4_k), deq!(deq_q4_k)),
-        DType::Q5K => f32k(pick!(exact_q5_k), deq!(deq_q5_k)),
-        DType::Q6K => f32k(pick!(exact_q6_k), deq!(deq_q6_k)),
-        DType::Q8_1 | DType::Q8K => None,
+    match k.fac {
+        Some((fac, act)) if isa == Isa::Avx2 => f32k(fac, deq).map(|kern| Kernel { act, ..kern }),
+        _ => f32k(k.exact[level], deq),
     }
 }
 
