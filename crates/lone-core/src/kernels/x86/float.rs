@@ -1,0 +1,89 @@
+//! F32/F16/BF16 weights against f32 activations.
+
+#![allow(clippy::needless_range_loop)]
+
+use super::*;
+
+/// How a plain float weight format loads `V::LANES` elements.
+pub(in crate::kernels) trait FloatW {
+    const EB: usize;
+    unsafe fn load<V: F32V>(p: *const u8) -> V;
+    unsafe fn scalar(p: *const u8) -> f32;
+}
+pub(in crate::kernels) struct WF32;
+pub(in crate::kernels) struct WF16;
+pub(in crate::kernels) struct WBF16;
+impl FloatW for WF32 {
+    const EB: usize = 4;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load(p as *const f32)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f32_at(p)
+    }
+}
+impl FloatW for WF16 {
+    const EB: usize = 2;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load_f16(p)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f16_at(p)
+    }
+}
+impl FloatW for WBF16 {
+    const EB: usize = 2;
+    #[inline(always)]
+    unsafe fn load<V: F32V>(p: *const u8) -> V {
+        V::load_bf16(p)
+    }
+    #[inline(always)]
+    unsafe fn scalar(p: *const u8) -> f32 {
+        f32::from_bits(u32::from(u16::from_le_bytes([*p, *p.add(1)])) << 16)
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usize>(a: &MatArgs) {
+    let l = V::LANES;
+    let k = a.k;
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+        let mut acc = [[V::zero(); 4]; NX];
+        let mut i = 0;
+        while i + 4 * l <= k {
+            for u in 0..4 {
+                let wv: V = W::load(w.add((i + u * l) * W::EB));
+                for t in 0..NX {
+                    acc[t][u] = V::fma(wv, V::load(xs[t].add(i + u * l)), acc[t][u]);
+                }
+            }
+            i += 4 * l;
+        }
+        while i + l <= k {
+            let wv: V = W::load(w.add(i * W::EB));
+            for t in 0..NX {
+                acc[t][0] = V::fma(wv, V::load(xs[t].add(i)), acc[t][0]);
+            }
+            i += l;
+        }
+        for t in 0..NX {
+            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
+            let mut s = s.hsum();
+            for j in i..k {
+                s += W::scalar(w.add(j * W::EB)) * *xs[t].add(j);
+            }
+            *a.out.add(t * a.out_stride + r) = s;
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
+    by_nx!(a, float_rows_n, V, W)
+}

@@ -1,0 +1,352 @@
+//! 8-bit dot products (`vpmaddubsw` / `vpdpbusd`), the legacy formats against 8-bit activations, and the rows-by-8 packed kernels.
+
+#![allow(clippy::needless_range_loop)]
+
+use super::*;
+
+pub(in crate::kernels) trait IDot {
+    /// Per i32 lane: the sum of 4 products of unsigned bytes of `a` and signed bytes of `b`.
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i;
+    /// `acc + Σ (a·b pairs) · scale` with `scale` per i16 lane (pairs of bytes).
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i;
+    /// One step of a running `Σ a·b` (unsigned 5-bit `a`, signed 8-bit `b` in [-127, 127]):
+    /// at most 4 steps per chain, then [`IDot::acc_finish`] gives i32 lanes of 4 products'
+    /// sums. AVX2 keeps i16 pairs: 4 steps are at most 4·2·31·127 = 31496 < 2^15.
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    unsafe fn acc_finish(acc: __m256i) -> __m256i;
+}
+pub(in crate::kernels) struct Maddubs;
+pub(in crate::kernels) struct Vnni;
+impl IDot for Maddubs {
+    #[inline(always)]
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), scale))
+    }
+    #[inline(always)]
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b))
+    }
+    #[inline(always)]
+    unsafe fn acc_finish(acc: __m256i) -> __m256i {
+        _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+    }
+}
+impl IDot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+    }
+    #[inline(always)]
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(a, b), scale)
+    }
+    #[inline(always)]
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn acc_finish(acc: __m256i) -> __m256i {
+        acc
+    }
+}
+
+/// 32 nibbles of 16 bytes at `p`: low nibbles are elements 0..16, high nibbles 16..32.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `j` = 0x10 if bit `j` of the little-endian u32 at `p` is set, else 0.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn high_bits32(p: *const u8) -> __m256i {
+    let x = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// A 32-element weight block decoded to bytes: (quants, d, m). Signed formats give i8 quants
+/// and pair with Q8_0 activations; unsigned ones give u8 quants plus a min `m` and pair with
+/// Q8_1 activation rows followed by one f32 per block, d·Σq (ggml's f16 `s` field would
+/// round it; see `kernels::matmul_kernel`).
+pub(in crate::kernels) trait LegacyW {
+    const BB: usize;
+    const SIGNED: bool;
+    /// The min as a multiple of d when there is no stored one (the zero point, negated).
+    const ZERO: f32 = 0.0;
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32);
+}
+pub(in crate::kernels) struct WQ4_0;
+pub(in crate::kernels) struct WQ4_1;
+pub(in crate::kernels) struct WQ5_0;
+pub(in crate::kernels) struct WQ5_1;
+pub(in crate::kernels) struct WQ8_0;
+impl LegacyW for WQ4_0 {
+    const BB: usize = 18;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8));
+        (q, f16_at(p), 0.0)
+    }
+}
+impl LegacyW for WQ4_1 {
+    const BB: usize = 20;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        (nibbles32(p.add(4)), f16_at(p), f16_at(p.add(2)))
+    }
+}
+impl LegacyW for WQ5_0 {
+    const BB: usize = 22;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_or_si256(nibbles32(p.add(6)), high_bits32(p.add(2)));
+        (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), f16_at(p), 0.0)
+    }
+}
+impl LegacyW for WQ5_1 {
+    const BB: usize = 24;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let q = _mm256_or_si256(nibbles32(p.add(8)), high_bits32(p.add(4)));
+        (q, f16_at(p), f16_at(p.add(2)))
+    }
+}
+/// Q4_0 / Q5_0 for the 8-bit kernels: the unsigned quants with the zero point as a min
+/// (`d·(q - 8) = d·q + (-8d)`), against Q8_1 activations and their block sums, which saves
+/// the sign juggling `vpmaddubsw` needs for signed × signed.
+pub(in crate::kernels) struct WQ4_0U;
+pub(in crate::kernels) struct WQ5_0U;
+impl LegacyW for WQ4_0U {
+    const ZERO: f32 = -8.0;
+    const BB: usize = 18;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        (nibbles32(p.add(2)), d, -8.0 * d)
+    }
+}
+impl LegacyW for WQ5_0U {
+    const ZERO: f32 = -16.0;
+    const BB: usize = 22;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        let q = _mm256_or_si256(nibbles32(p.add(6)), high_bits32(p.add(2)));
+        (q, d, -16.0 * d)
+    }
+}
+impl LegacyW for WQ8_0 {
+    const BB: usize = 34;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        (
+            _mm256_loadu_si256(p.add(2) as *const __m256i),
+            f16_at(p),
+            0.0,
+        )
+    }
+}
+
+/// One 32-element block `b` of the weight row at `w` against the 8-bit activation rows `xs`
+/// (`nb` blocks each; Q8_1 rows are followed by their f32 block sums).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usize>(
+    w: *const u8,
+    b: usize,
+    nb: usize,
+    xs: &[*const u8; NX],
+    acc: &mut [__m256; NX],
+    accm: &mut [f32; NX],
+) {
+    // Q8_0: d, qs at 2 (34 bytes); Q8_1: d, s, qs at 4 (36 bytes).
+    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
+    let (q, dw, mw) = W::decode(w.add(b * W::BB));
+    let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+    for t in 0..NX {
+        let xb = xs[t].add(b * xbb);
+        let xv = _mm256_loadu_si256(xb.add(xq) as *const __m256i);
+        let s = if W::SIGNED {
+            D::dot(aq, _mm256_sign_epi8(xv, q))
+        } else {
+            D::dot(aq, xv)
+        };
+        let d = _mm256_set1_ps(dw * f16_at(xb));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
+        if !W::SIGNED {
+            // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
+            accm[t] += mw * (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        // Two chains of each (even and odd blocks): one FMA chain alone is latency-bound.
+        let (mut a0, mut a1) = ([_mm256_setzero_ps(); NX], [_mm256_setzero_ps(); NX]);
+        let (mut m0, mut m1) = ([0.0f32; NX], [0.0f32; NX]);
+        let mut b = 0;
+        while b + 2 <= nb {
+            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            legacy_block::<D, W, NX>(w, b, nb, &xs, &mut a0, &mut m0);
+            legacy_block::<D, W, NX>(w, b + 1, nb, &xs, &mut a1, &mut m1);
+            b += 2;
+        }
+        if b < nb {
+            legacy_block::<D, W, NX>(w, b, nb, &xs, &mut a0, &mut m0);
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) =
+                hsum256(_mm256_add_ps(a0[t], a1[t])) + (m0[t] + m1[t]);
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
+    by_nx!(a, legacy_rows_n, D, W)
+}
+
+// ------------------------------------------------------------------ 8-bit, rows packed by 8
+
+/// A legacy format as [`super::packed`] stores it by 8 rows: its f16 fields per block (d, and
+/// m) and whether the rearranged high-bit word follows them.
+pub(in crate::kernels) trait PackW: LegacyW {
+    const F16S: usize;
+    const QH: bool;
+}
+impl PackW for WQ4_0U {
+    const F16S: usize = 1;
+    const QH: bool = false;
+}
+impl PackW for WQ4_1 {
+    const F16S: usize = 2;
+    const QH: bool = false;
+}
+impl PackW for WQ5_0U {
+    const F16S: usize = 1;
+    const QH: bool = true;
+}
+impl PackW for WQ5_1 {
+    const F16S: usize = 2;
+    const QH: bool = true;
+}
+
+/// The 8-bit kernels over Q4_0/Q4_1/Q5_0/Q5_1 rows packed by [`super::packed`]: in groups of
+/// 8 rows, block by block, the 8 rows' f16 scales (then mins, then high-bit words), then 4
+/// chunks of 32 bytes, chunk `c` holding quant bytes `4c..4c+4` of each row (row `r` in i32
+/// lane `r`). One load serves all 8 rows, their block sums are the 8 lanes of one register
+/// (no horizontal sums, no scale broadcasts) and the weights are one sequential stream.
+/// Activations: Q8_1 rows with f32 block sums (as [`legacy_rows_n`] takes them); rows past the
+/// last whole group are stored as they were and take [`legacy_rows_n`].
+#[inline(always)]
+pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
+    let hb = 2 * W::F16S + if W::QH { 4 } else { 0 };
+    let gb = 8 * W::BB;
+    let groups = a.rows / 8;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let b4 = _mm256_set1_epi8(0x10);
+    for g in 0..groups {
+        let base = a.w.add(g * 8 * a.w_stride);
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let p = base.add(b * gb);
+            for l in 0..gb.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+            let mv = if W::F16S == 2 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i))
+            } else {
+                _mm256_mul_ps(dv, _mm256_set1_ps(W::ZERO))
+            };
+            let h = if W::QH {
+                _mm256_loadu_si256(p.add(16 * W::F16S) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let q = p.add(8 * hb);
+            // Two chains per row (chunks 0-1, 2-3): at most 4 steps each (IDot::acc_dot).
+            let mut s = [[_mm256_setzero_si256(); 2]; NX];
+            macro_rules! chunk {
+                ($c:literal) => {{
+                    let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
+                    let mut lo = _mm256_and_si256(raw, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    if W::QH {
+                        // Fifth bits (packed::high_bits_by_chunk): shifts stay inside bytes.
+                        lo =
+                            _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(h, 4 - $c), b4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(h, $c), b4));
+                    }
+                    for t in 0..NX {
+                        let xq = xs[t].add(b * 36 + 4);
+                        let xl = _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
+                        let xh =
+                            _mm256_set1_epi32((xq.add(16 + 4 * $c) as *const i32).read_unaligned());
+                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], lo, xl);
+                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], hi, xh);
+                    }
+                }};
+            }
+            chunk!(0);
+            chunk!(1);
+            chunk!(2);
+            chunk!(3);
+            for t in 0..NX {
+                let d = _mm256_mul_ps(dv, _mm256_set1_ps(f16_at(xs[t].add(b * 36))));
+                // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).
+                let sum = (xs[t].add(nb * 36 + 4 * b) as *const f32).read_unaligned();
+                let si = _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1]));
+                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), d, acc[t]);
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sum), v);
+            }
+        }
+        for t in 0..NX {
+            _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * g), acc[t]);
+        }
+    }
+    let r = groups * 8;
+    if r < a.rows {
+        let rest = MatArgs {
+            w: a.w.add(r * a.w_stride),
+            rows: a.rows - r,
+            out: a.out.add(r),
+            ..*a
+        };
+        legacy_rows_n::<D, W, NX>(&rest);
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn packed_rows<D: IDot, W: PackW>(a: &MatArgs) {
+    by_nx!(a, packed_rows_n, D, W)
+}

@@ -1,0 +1,198 @@
+//! K-quants against Q8_K activations (8-bit path).
+
+#![allow(clippy::needless_range_loop)]
+
+use super::*;
+
+/// A byte shuffle of 8 i16 (repeated in both 128-bit lanes) that broadcasts word `j`.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn word_shuffle(j: usize) -> __m256i {
+    _mm256_set1_epi16((0x0100 + 0x0202 * j as i32) as i16)
+}
+
+/// Q4_K/Q5_K's 8 six-bit scales and 8 six-bit mins (the 12 packed bytes at `p`, unpacked as
+/// ggml does), one per byte.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn k4_scale_bytes(p: *const u8) -> (u64, u64) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let u0 = (p as *const u32).read_unaligned();
+    let u1 = (p.add(4) as *const u32).read_unaligned();
+    let u2 = (p.add(8) as *const u32).read_unaligned();
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    (
+        (u64::from(sc_hi) << 32) | u64::from(sc_lo),
+        (u64::from(m_hi) << 32) | u64::from(m_lo),
+    )
+}
+
+/// A byte shuffle of 8 i16 (repeated in both 128-bit lanes) that broadcasts word `2j` over
+/// the low lane and word `2j + 1` over the high lane.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn pair_shuffle(j: usize) -> __m256i {
+    let lo = 0x0100 + 0x0202 * (2 * j as i16);
+    let hi = 0x0100 + 0x0202 * (2 * j as i16 + 1);
+    _mm256_setr_epi16(
+        lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+    )
+}
+
+//
+// Q8_K block (292 bytes): d:f32 @0, qs:[i8;256] @4, bsums:[i16;16] @260 (sums of 16 quants).
+
+/// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
+/// qh[32], qs[128]).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX: usize>(
+    a: &MatArgs,
+) {
+    let bb = if FIVE { 176 } else { 144 };
+    let qs_off = if FIVE { 48 } else { 16 };
+    let nb = a.k / 256;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut accm = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let wb = w.add(b * bb);
+            let d = f16_at(wb);
+            let dmin = f16_at(wb.add(2));
+            let (sc8, mn8) = k4_scale_bytes(wb.add(4));
+            // The 8 scales as i16 in both lanes; the mins as pairs (m0 m0 m1 m1 …) against
+            // the 16 activation sums of 16.
+            let sc16 =
+                _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
+            let mn = _mm_cvtsi64_si128(mn8 as i64);
+            let mpairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+            let qh = if FIVE {
+                _mm256_loadu_si256(wb.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut sumi = [_mm256_setzero_si256(); NX];
+            for i in 0..4 {
+                let q = _mm256_loadu_si256(wb.add(qs_off + 32 * i) as *const __m256i);
+                let mut lo = _mm256_and_si256(q, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if FIVE {
+                    // Bit (2i) / (2i+1) of qh byte l is bit 4 of element l of the sub-block.
+                    let s0 = _mm_cvtsi32_si128(2 * i as i32);
+                    let s1 = _mm_cvtsi32_si128(2 * i as i32 + 1);
+                    let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, s0), one);
+                    let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), one);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+                }
+                let s_lo = _mm256_shuffle_epi8(sc16, word_shuffle(2 * i));
+                let s_hi = _mm256_shuffle_epi8(sc16, word_shuffle(2 * i + 1));
+                for t in 0..NX {
+                    let xq = xs[t].add(b * 292 + 4 + 64 * i);
+                    let x0 = _mm256_loadu_si256(xq as *const __m256i);
+                    let x1 = _mm256_loadu_si256(xq.add(32) as *const __m256i);
+                    sumi[t] = D::dot_scaled(sumi[t], lo, x0, s_lo);
+                    sumi[t] = D::dot_scaled(sumi[t], hi, x1, s_hi);
+                }
+            }
+            for t in 0..NX {
+                let xb = xs[t].add(b * 292);
+                let dx = f32_at(xb);
+                let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+                let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mpairs));
+                acc[t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx), acc[t]);
+                accm[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(-dmin * dx), accm[t]);
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = hsum256(_mm256_add_ps(acc[t], accm[t]));
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q45k_rows<D: IDot, const FIVE: bool>(a: &MatArgs) {
+    by_nx!(a, q45k_rows_n, D, FIVE)
+}
+
+/// Q6_K (210 bytes: ql[128], qh[64], scales:[i8;16], d).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let wb = w.add(b * 210);
+            let d = f16_at(wb.add(208));
+            let sc8 = _mm_loadu_si128(wb.add(192) as *const __m128i);
+            let sc16 = _mm256_cvtepi8_epi16(sc8);
+            let mut sumi = [_mm256_setzero_si256(); NX];
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(wb.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(wb.add(128 + 32 * h) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
+                    ),
+                ];
+                // This half's 8 scales as i16 in both 128-bit lanes; group g = 8h + 2rq's
+                // scale to the low lane, g + 1's to the high lane, by one byte shuffle.
+                let sch = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(if h == 0 {
+                    sc8
+                } else {
+                    _mm_srli_si128::<8>(sc8)
+                }));
+                for (rq, &qv) in q.iter().enumerate() {
+                    let scv = _mm256_shuffle_epi8(sch, pair_shuffle(rq));
+                    for t in 0..NX {
+                        let xq = xs[t].add(b * 292 + 4 + 128 * h + 32 * rq);
+                        let xv = _mm256_loadu_si256(xq as *const __m256i);
+                        sumi[t] = D::dot_scaled(sumi[t], qv, xv, scv);
+                    }
+                }
+            }
+            for t in 0..NX {
+                let xb = xs[t].add(b * 292);
+                let dx = f32_at(xb);
+                // The -32 offset of every quant: Σ_g scale_g · Σ x (group g of 16), as 8
+                // lanes of pair sums: 32 · madd(bsums, scales).
+                let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+                let offs = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                let s = _mm256_sub_epi32(sumi[t], offs);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[t]);
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]);
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q6k_rows<D: IDot>(a: &MatArgs) {
+    by_nx!(a, q6k_rows_n, D)
+}

@@ -1,0 +1,250 @@
+//! x86-64 kernels: AVX2+FMA+F16C, and AVX-512 (F/BW/VL + VNNI).
+//!
+//! Every kernel body is written once, generic over
+//! - an f32 vector width ([`V8`] = `__m256`, [`V16`] = `__m512`) for the float / exact paths, and
+//! - an 8-bit dot product ([`Maddubs`] = AVX2 `vpmaddubsw`+`vpmaddwd`, [`Vnni`] = AVX-512 VNNI
+//!   `vpdpbusd`/`vpdpwssd` on 256-bit registers) for the integer path,
+//!
+//! and instantiated inside `#[target_feature]` entry points (bottom of the file), into which
+//! the `#[inline(always)]` bodies and intrinsics are inlined. The integer kernels stay 256-bit
+//! at the AVX-512 level: one 32-element block is one register, and decode is bandwidth-bound.
+//!
+//! Exact mode (f32 activations) at the AVX-512 level has its own kernels for the 4/5/6/8-bit
+//! formats: the 4- and 5-bit formats take at most 16 or 32 distinct weights per (sub-)block,
+//! so those values are computed once with the reference dequantizer's f32 operations (hence
+//! bit-identical) into one or two registers and each element is a `vpermps`/`vpermt2ps`
+//! lookup indexed straight by the zero-extended packed bytes; Q6_K and Q8_0 widen and
+//! multiply. They keep 4 accumulator chains and prefetch the weight stream ([`PREFETCH`]).
+//! The AVX2 level uses the generic bodies ([`exact_legacy_rows`], [`exact_k_rows`]).
+//!
+//! All functions here are `unsafe`: they read through the raw pointers of a [`MatArgs`], whose
+//! validity the caller (`kernels::matmul_with`) establishes, and they must only run on a CPU
+//! with the named features (the dispatcher checks with `is_x86_feature_detected!`).
+
+// The kernels walk several small arrays (accumulators, activation pointers, sums) in lockstep
+// over constant ranges that the compiler unrolls; index loops say that most plainly.
+#![allow(clippy::needless_range_loop)]
+
+use core::arch::x86_64::*;
+
+use super::{GemmArgs, MatArgs};
+use crate::quant::reference_blocks as rb;
+
+/// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
+macro_rules! by_nx {
+    ($a:expr, $f:ident $(, $g:ty)*) => {
+        match $a.nx {
+            1 => $f::<$($g,)* 1>($a),
+            2 => $f::<$($g,)* 2>($a),
+            3 => $f::<$($g,)* 3>($a),
+            _ => $f::<$($g,)* 4>($a),
+        }
+    };
+}
+
+mod exact;
+mod factored;
+mod float;
+mod gemm;
+mod int8dot;
+mod kquant;
+mod simd;
+mod vec;
+
+pub(super) use exact::*;
+pub(super) use factored::*;
+pub(super) use float::*;
+pub(super) use gemm::*;
+pub(super) use int8dot::*;
+pub(super) use kquant::*;
+pub(super) use simd::*;
+pub(super) use vec::*;
+
+// ------------------------------------------------------------------ entry points
+
+macro_rules! entry {
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(a: &MatArgs) {
+            $body(a)
+        }
+    };
+}
+
+/// The AVX-512 level's activation packer for the f32 GEMM (blocks of 32 rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn pack32_avx512(x: *const f32, k: usize, rows: usize, dst: *mut f32) {
+    pack32_v16(x, k, rows, dst)
+}
+
+macro_rules! deq_entry {
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(src: *const u8, dst: *mut f32, k: usize) {
+            $body(src, dst, k)
+        }
+    };
+}
+
+macro_rules! level {
+    ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr,
+     $gr:literal, $deqleg:ident) => {
+        pub(crate) mod $m {
+            use super::*;
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const u8,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_rows::<MixFloat<$V, WF32>>(p, p_stride, nq, vals, stride, nk, d, out)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix_f16(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const u8,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_rows::<MixFloat<$V, WF16>>(p, p_stride, nq, vals, stride, nk, d, out)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn mix_q8(
+                p: *const f32,
+                p_stride: usize,
+                nq: usize,
+                vals: *const u8,
+                stride: usize,
+                nk: usize,
+                d: usize,
+                out: *mut f32,
+            ) {
+                mix_rows::<MixQ8>(p, p_stride, nq, vals, stride, nk, d, out)
+            }
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn gemm(g: &GemmArgs) {
+                gemm_tile::<$V, $gr>(g)
+            }
+            /// [`gemm_narrow`]: `g.n` ≤ 8, plain activation rows.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn gemm_narrow(g: &GemmArgs) {
+                super::gemm_narrow::<$V>(g)
+            }
+            deq_entry!(deq_f16, $features, deq_float::<$V, WF16>);
+            deq_entry!(deq_bf16, $features, deq_float::<$V, WBF16>);
+            deq_entry!(deq_q4_0, $features, $deqleg::<WQ4_0>);
+            deq_entry!(deq_q4_1, $features, $deqleg::<WQ4_1>);
+            deq_entry!(deq_q5_0, $features, $deqleg::<WQ5_0>);
+            deq_entry!(deq_q5_1, $features, $deqleg::<WQ5_1>);
+            deq_entry!(deq_q8_0, $features, $deqleg::<WQ8_0>);
+            deq_entry!(deq_q2_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q2_k
+            ));
+            deq_entry!(deq_q3_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q3_k
+            ));
+            deq_entry!(deq_q4_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q4_k
+            ));
+            deq_entry!(deq_q5_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q5_k
+            ));
+            deq_entry!(deq_q6_k, $features, |s, d, k| deq_blocks(
+                s,
+                d,
+                k,
+                rb::dequant_q6_k
+            ));
+            entry!(f32, $features, float_rows::<$V, WF32>);
+            entry!(f16, $features, float_rows::<$V, WF16>);
+            entry!(bf16, $features, float_rows::<$V, WBF16>);
+            entry!(exact_q4_0, $features, $leg::<WQ4_0>);
+            entry!(exact_q4_1, $features, $leg::<WQ4_1>);
+            entry!(exact_q5_0, $features, $leg::<WQ5_0>);
+            entry!(exact_q5_1, $features, $leg::<WQ5_1>);
+            entry!(exact_q8_0, $features, $leg::<WQ8_0>);
+            entry!(exact_q2_k, $features, |a| exact_rows::<$V, 84, 256>(
+                a,
+                rb::dequant_q2_k
+            ));
+            entry!(exact_q3_k, $features, |a| exact_rows::<$V, 110, 256>(
+                a,
+                rb::dequant_q3_k
+            ));
+            entry!(exact_q4_k, $features, $q4k);
+            entry!(exact_q5_k, $features, $q5k);
+            entry!(exact_q6_k, $features, $q6k);
+            entry!(q4_0_x8, $features, packed_rows::<$D, WQ4_0U>);
+            entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
+            entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
+            entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
+            entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
+            entry!(q4_k, $features, q45k_rows::<$D, false>);
+            entry!(q5_k, $features, q45k_rows::<$D, true>);
+            entry!(q6_k, $features, q6k_rows::<$D>);
+        }
+    };
+}
+
+level!(
+    avx2,
+    "avx2,fma,f16c",
+    V8,
+    Maddubs,
+    exact_legacy8,
+    exact_q4k_v8,
+    exact_k_rows::<V8, XQ5K>,
+    exact_k_rows::<V8, XQ6K>,
+    6,
+    deq_legacy8
+);
+level!(
+    avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    V16,
+    Vnni,
+    exact_leg512,
+    exact_q4k_lut,
+    exact_q5k_lut,
+    exact_q6k_512,
+    12,
+    deq_leg512
+);
+
+/// The AVX2 level's factored exact matrix-vector kernels (f32 activations; the ones with an
+/// offset take [`super::Act::F32Sums`] rows).
+pub(crate) mod fac {
+    use super::*;
+    entry!(q4_0, "avx2,fma,f16c", fac_legacy::<WQ4_0>);
+    entry!(q4_1, "avx2,fma,f16c", fac_legacy::<WQ4_1>);
+    entry!(q5_0, "avx2,fma,f16c", fac_legacy::<WQ5_0>);
+    entry!(q5_1, "avx2,fma,f16c", fac_legacy::<WQ5_1>);
+    entry!(q8_0, "avx2,fma,f16c", fac_legacy::<WQ8_0>);
+    entry!(q4_k, "avx2,fma,f16c", fac_k45::<false>);
+    entry!(q5_k, "avx2,fma,f16c", fac_k45::<true>);
+    entry!(q6_k, "avx2,fma,f16c", fac_q6k);
+}
