@@ -9,7 +9,7 @@ cargo test --workspace --release 2>&1
 # already cover every family; this catches the paths that only a whole model exercises).
 for isa in avx2 scalar; do
   LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
-    --test smollm2 --test sharded 2>&1
+    --test smollm2 --test sharded --test batch_invariance --test packed_memory 2>&1
 done
 # The web chat page's browser test needs Chromium and playwright-core: install them, and make
 # their absence a failure rather than a skip.

@@ -10,6 +10,8 @@
 //! References: each case's own cold, alone run. These compare two paths of lone, by design:
 //! the property is that they are the same computation.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use lone_core::engine::{Event, GenRequest, Scheduler};
@@ -25,33 +27,11 @@ fn fixture(name: &str, file: &str) -> PathBuf {
         .join(file)
 }
 
-fn smollm2() -> Option<PathBuf> {
-    let cache = std::env::var_os("LONE_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .map(|c| c.join("lone").join("models"))
-        })?;
-    let p = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        // scripts/test.sh fetches it first; a bare `cargo test` may not have it.
-        assert!(
-            std::env::var_os("LONE_REQUIRE_MODEL").is_none(),
-            "the default model is not at {}: run scripts/fetch-default-model.sh",
-            p.display()
-        );
-        None
-    }
-}
-
 /// (label, model, a prompt of at least 40 tokens).
 fn cases() -> Vec<(String, Model, Vec<u32>)> {
     let mut out = Vec::new();
-    if let Some(p) = smollm2() {
+    {
+        let p = common::default_model();
         let m = Model::load(&p).unwrap();
         let t = TextIo::load(&m, &p).unwrap();
         let prompt = t

@@ -9,7 +9,7 @@
 //! Reference: the kernel's own count of the process's resident pages of the file
 //! (`/proc/self/smaps`), against the tensor sizes the GGUF header gives.
 
-use std::path::PathBuf;
+mod common;
 
 use lone_core::engine::{GenRequest, Scheduler};
 use lone_core::kernels::{self, Isa, Mode};
@@ -17,28 +17,6 @@ use lone_core::loader::gguf::GgufFile;
 use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::tensor::DType;
 use lone_core::Model;
-
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("LONE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .unwrap_or_else(|| PathBuf::from(".cache"))
-                .join("lone")
-                .join("models")
-        });
-    let p = dir.join(MODEL_FILE);
-    assert!(
-        p.exists(),
-        "the default model is not at {}: run scripts/fetch-default-model.sh first",
-        p.display()
-    );
-    p
-}
 
 /// Resident bytes of the mappings of `path` in this process.
 fn resident_bytes_of(path: &std::path::Path) -> usize {
@@ -74,7 +52,7 @@ fn repacked_weights_are_resident_once() {
         );
         return;
     }
-    let path = model_path();
+    let path = common::default_model();
     let g = GgufFile::open(&path).unwrap();
     let (mut packed, mut kept) = (0usize, 0usize);
     let count = g.tensors.len();
