@@ -203,3 +203,31 @@ fn sharing_steps_with_other_sequences_gives_the_alone_logits() {
         }
     });
 }
+
+/// Seventeen sequences decoding together (decode passes of 17 rows: past the many-row GEMM's
+/// threshold) give each one's alone logits: decode rows take the matrix-vector kernels and
+/// per-row attention for every row count. (A server with 2 speculating slots failed this:
+/// their verify rows together reached the GEMM.)
+#[test]
+fn many_sequences_decoding_together_give_the_alone_logits() {
+    check_modes(|label, m, prompt, failures| {
+        let n = 6;
+        let prompts: Vec<&[u32]> = (0..17).map(|i| &prompt[i % 5..20 + i % 7]).collect();
+        let caches = (0..17).map(|_| m.new_cache()).collect();
+        let mut s = Scheduler::new(caches, 1 << 20, Vec::new(), None);
+        let runs = drive(
+            m,
+            &mut s,
+            prompts.iter().map(|p| (0, request(p, n))).collect(),
+        );
+        for (i, (got, p)) in runs.iter().zip(&prompts).enumerate() {
+            let want = alone(m, p, n);
+            if *got != want {
+                failures.push(format!(
+                    "{label}: sequence {i} of 17 changed: {}",
+                    first_difference(got, &want)
+                ));
+            }
+        }
+    });
+}

@@ -123,7 +123,10 @@ pub(super) fn path(kern: &Kernel, n: usize, k: usize) -> Path {
     if kern.bgemm && n >= BGEMM_MIN_ROWS {
         return Path::Bgemm;
     }
-    if let Some(g) = kern.gemm.filter(|_| n >= GEMM_MIN_ROWS || prompt_rows()) {
+    if let Some(g) = kern
+        .gemm
+        .filter(|_| prompt_rows() || (n >= GEMM_MIN_ROWS && !decode_rows()))
+    {
         return Path::Gemm(g.tb);
     }
     #[cfg(target_arch = "x86_64")]

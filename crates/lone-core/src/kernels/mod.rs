@@ -75,7 +75,8 @@ use vecops::*;
 
 pub use matmul::{matmul, matmul_many, matmul_with};
 pub use mode::{
-    exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute, Mode, Scope,
+    decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,
+    Mode, Scope,
 };
 pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, Rope};
 pub use table::{isa, row_invariant_rows, Isa};

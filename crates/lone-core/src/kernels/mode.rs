@@ -54,6 +54,9 @@ pub(super) struct Here {
     /// Prompt rows: every row count takes the f32 GEMM where the format has one (see
     /// [`Compute::enter`]).
     pub(super) prompt: bool,
+    /// Decode rows of a model's pass outside fast mode: the matrix-vector kernels for every
+    /// row count (never the many-row GEMM), so a row's result does not depend on the batch.
+    pub(super) decode: bool,
     /// Most threads a parallel region of this thread uses; None: the pool's.
     pub(super) threads: Option<usize>,
 }
@@ -64,6 +67,7 @@ thread_local! {
             mode: None,
             base: None,
             prompt: false,
+            decode: false,
             threads: None,
         })
     };
@@ -116,6 +120,13 @@ pub fn prompt_rows() -> bool {
     HERE.with(|c| c.get()).prompt
 }
 
+/// Whether this thread's matmuls are a model's decode rows outside fast mode
+/// ([`Compute::enter`]): every row count takes the matrix-vector kernels, and attention its
+/// per-row form, so a decode row's result is the same alone or in any batch.
+pub fn decode_rows() -> bool {
+    HERE.with(|c| c.get()).decode
+}
+
 /// Whether matmuls issued from this thread are exact on every path (f32 activations).
 pub fn exact() -> bool {
     match mode() {
@@ -155,11 +166,13 @@ impl Compute {
         } else {
             (m, false)
         };
+        let decode = !prompt && m != Mode::Fast;
         Scope(HERE.with(|c| {
             c.replace(Here {
                 mode: Some(mode),
                 base: Some(m),
                 prompt,
+                decode,
                 threads: self.threads.or(c.get().threads),
             })
         }))
@@ -167,13 +180,20 @@ impl Compute {
 }
 
 /// Override the mode for matmuls issued from the current thread until the guard drops:
-/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`].
+/// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`] (every path by row count, as outside a
+/// model's pass: tests and benchmarks).
 pub fn exact_scope(on: bool) -> Scope {
-    Compute {
-        mode: Some(if on { Mode::Exact } else { Mode::Fast }),
-        threads: None,
-    }
-    .enter(false)
+    let mode = if on { Mode::Exact } else { Mode::Fast };
+    Scope(HERE.with(|c| {
+        let was = c.get();
+        c.replace(Here {
+            mode: Some(mode),
+            base: Some(mode),
+            prompt: false,
+            decode: false,
+            threads: was.threads,
+        })
+    }))
 }
 
 /// A [`Compute`] in force on this thread; dropping it restores what was.

@@ -386,12 +386,12 @@ pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512) && act_format(dtype).is_some()
 }
 
-/// Most rows of one matmul whose results do not depend on how many rows there are, for
-/// `dtype` in this thread's mode: in [`Mode::Auto`] on x86, formats on the 8-bit matrix-vector
-/// kernels switch to the exact f32 GEMM at [`GEMM_MIN_ROWS`] rows, so a row's logits (and
-/// possibly a greedy token) would differ between a one-row decode and a long batch.
-/// `usize::MAX` where every row count multiplies the same way (exact f32 everywhere, up to the
-/// order of rounding). Speculation keeps verify passes within this.
+/// The most rows a speculative verify pass of one sequence takes for `dtype` in this thread's
+/// mode: in [`Mode::Auto`] on x86, formats on the 8-bit matrix-vector kernels, which a
+/// model's decode rows take for every row count (one weight pass per 4 rows), are held to
+/// what a GEMM would otherwise take over; `usize::MAX` elsewhere. (Decode rows give the same
+/// result in any number: [`decode_rows`].) `Model::forward` also reads it: where it is finite
+/// the 8-bit head's top logits are recomputed exactly.
 pub fn row_invariant_rows(dtype: DType) -> usize {
     if mode() == Mode::Auto && auto_8bit(isa(), dtype) {
         GEMM_MIN_ROWS - 1

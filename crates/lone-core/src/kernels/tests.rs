@@ -516,6 +516,7 @@ fn gemms_read_the_packed_copy_as_the_original() {
                         mode: Some(if fast { Mode::Fast } else { Mode::Exact }),
                         base: Some(if fast && pack { Mode::Fast } else { base }),
                         prompt: !fast,
+                        decode: false,
                         threads: None,
                     })
                 });

@@ -29,6 +29,10 @@ pub struct Batch {
     /// The rows are known tokens (a prompt), not sampled ones: outside fast mode they are
     /// processed exactly, the same way whatever their number ([`crate::kernels::Compute::enter`]).
     pub prompt: bool,
+    /// Every row's logits are wanted (perplexity, importance matrices, verify): the head may
+    /// take the many-row GEMM. Otherwise a prompt pass's logit rows take the exact
+    /// matrix-vector head, each the same whatever the pass holds.
+    pub score_all: bool,
 }
 
 impl Batch {
@@ -38,6 +42,7 @@ impl Batch {
         let n = tokens.len();
         Batch {
             prompt: true,
+            score_all: all_logits && n > 1,
             tokens: tokens.to_vec(),
             rows: (0..n)
                 .map(|i| Row {
@@ -286,21 +291,26 @@ impl Model {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
         }
         self.final_norm.forward(&mut xs);
-        // A prompt pass's few logit rows (its last row: the first token's logits) take the
-        // exact matrix-vector kernel, not the prompt GEMM, which would dequantize the whole
-        // head for them; the rows are the same computation whatever else the pass holds.
-        let _head = (crate::kernels::prompt_rows() && sel.len() <= PROMPT_HEAD_ROWS)
-            .then(|| crate::kernels::exact_scope(true));
+        // A prompt pass's logit rows (each sequence's last: its first token's logits) take the
+        // exact matrix-vector kernel, each row the same computation whatever else the pass
+        // holds, and not the prompt GEMM, which would dequantize the whole head for a row.
+        // Scoring every row (perplexity) takes the GEMM.
+        let exact_rows = crate::kernels::Compute {
+            mode: Some(crate::kernels::Mode::Exact),
+            threads: None,
+        };
+        let _head =
+            (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
         out.logits = self.lm_head.forward(&xs, sel.len());
         // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
         // top candidates are computed again exactly, so the token picked (and the top of a
         // sampled distribution) is the exact head's.
-        // (Many-row heads take the exact GEMM: nothing to redo.)
+        // (Decode passes keep the 8-bit head for every row count: each row is redone.)
         let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
         if crate::kernels::mode() == crate::kernels::Mode::Auto
             && !crate::kernels::exact()
             && lim != usize::MAX
-            && sel.len() <= lim
+            && (crate::kernels::decode_rows() || sel.len() <= lim)
         {
             rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
         }
@@ -344,9 +354,6 @@ impl Model {
             .collect())
     }
 }
-
-/// Logit rows up to which a prompt pass runs the head on the exact matrix-vector kernel.
-const PROMPT_HEAD_ROWS: usize = 4;
 
 /// Candidates per row that [`Model::forward`] recomputes exactly in [`crate::kernels::Mode::Auto`]
 /// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2

@@ -250,8 +250,14 @@ impl Attention {
             caches.get(first.seq)?.layers.get(layer)?,
             LayerCache::Attention { .. }
         );
-        (rows.len() >= MIN_ROWS && consecutive && full && self.window.is_none())
-            .then_some(first.pos)
+        // Not for decode rows (speculation's verify rows): they attend as a lone decode
+        // row does, so accepting a draft changes nothing.
+        (rows.len() >= MIN_ROWS
+            && consecutive
+            && full
+            && self.window.is_none()
+            && !kernels::decode_rows())
+        .then_some(first.pos)
     }
 
     /// Attention of `n` consecutive rows from `pos0` of one sequence as two matrix products
