@@ -305,12 +305,12 @@ impl Model {
         // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
         // top candidates are computed again exactly, so the token picked (and the top of a
         // sampled distribution) is the exact head's.
-        // (Decode passes keep the 8-bit head for every row count: each row is redone.)
+        // (Only decode passes run in Auto here, and they keep the 8-bit head for every row
+        // count: each row is redone. A finite limit means the head is on 8-bit kernels.)
         let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
         if crate::kernels::mode() == crate::kernels::Mode::Auto
             && !crate::kernels::exact()
             && lim != usize::MAX
-            && (crate::kernels::decode_rows() || sel.len() <= lim)
         {
             rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
         }

@@ -137,34 +137,8 @@ impl Attention {
             );
         }
         let mut ctx = vec![0.0; n * qd];
-        // Prompt rows with a full-attention cache attend as matrix products, each sequence's
-        // run of rows at once, however many: a row's result is then the same whatever rows
-        // share its pass (prompts give the same logits whole, chunked or after a cached
-        // prefix). Elsewhere a long prefill of one sequence does (`chunk` is then n).
-        if self.window.is_none() && kernels::prompt_rows() {
-            if let Some(runs) = sequence_runs(rows, caches, layer) {
-                for (i, r) in rows.iter().enumerate() {
-                    write_kv(
-                        &mut caches[r.seq].layers[layer],
-                        r.pos,
-                        &k[i * kvd..(i + 1) * kvd],
-                        &v[i * kvd..(i + 1) * kvd],
-                    );
-                }
-                for (s, e) in runs {
-                    self.attend_gemm(
-                        &q[s * qd..e * qd],
-                        &caches[rows[s].seq].layers[layer],
-                        rows[s].pos,
-                        e - s,
-                        &mut ctx[s * qd..e * qd],
-                    );
-                }
-                self.apply_gate(gates.as_deref(), &mut ctx);
-                return ctx;
-            }
-        }
-        let gemm_from = self.one_sequence_prefill(rows, caches, layer);
+        // Runs of rows that attend as matrix products (`chunk` is then n): see `gemm_runs`.
+        let gemm_runs = self.gemm_runs(rows, caches, layer);
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
         let chunk = match &caches.first().map(|c| &c.layers[layer]) {
@@ -183,8 +157,16 @@ impl Attention {
                     &v[i * kvd..(i + 1) * kvd],
                 );
             }
-            if let Some(pos0) = gemm_from {
-                self.attend_gemm(&q, &caches[rows[0].seq].layers[layer], pos0, n, &mut ctx);
+            if let Some(runs) = &gemm_runs {
+                for &(s, e) in runs {
+                    self.attend_gemm(
+                        &q[s * qd..e * qd],
+                        &caches[rows[s].seq].layers[layer],
+                        rows[s].pos,
+                        e - s,
+                        &mut ctx[s * qd..e * qd],
+                    );
+                }
                 break;
             }
             let caches_ro: &[SeqCache] = caches;
@@ -232,32 +214,26 @@ impl Attention {
         }
     }
 
-    /// The start position if `rows` are positions pos0, pos0+1, … of one sequence with a
-    /// full-attention cache, enough of them for [`Attention::attend_gemm`] to pay.
-    fn one_sequence_prefill(
+    /// The runs of rows (`sequence_runs`) that attend as matrix products
+    /// ([`Attention::attend_gemm`]), if the rows do; all need a full-attention cache.
+    /// - Prompt rows: each sequence's run, however short. A row's result is then the same
+    ///   whatever rows share its pass (prompts give the same logits whole, chunked or after a
+    ///   cached prefix).
+    /// - Decode rows (speculation's verify rows too): never. They attend as a lone decode row
+    ///   does, so accepting a draft changes nothing.
+    /// - Otherwise (fast mode): one sequence's run of enough rows for the products to pay.
+    fn gemm_runs(
         &self,
         rows: &[Row],
         caches: &[SeqCache],
         layer: usize,
-    ) -> Option<usize> {
+    ) -> Option<Vec<(usize, usize)>> {
         const MIN_ROWS: usize = 16;
-        let first = rows.first()?;
-        let consecutive = rows
-            .iter()
-            .enumerate()
-            .all(|(i, r)| r.seq == first.seq && r.pos == first.pos + i);
-        let full = matches!(
-            caches.get(first.seq)?.layers.get(layer)?,
-            LayerCache::Attention { .. }
-        );
-        // Not for decode rows (speculation's verify rows): they attend as a lone decode
-        // row does, so accepting a draft changes nothing.
-        (rows.len() >= MIN_ROWS
-            && consecutive
-            && full
-            && self.window.is_none()
-            && !kernels::decode_rows())
-        .then_some(first.pos)
+        if self.window.is_some() || kernels::decode_rows() {
+            return None;
+        }
+        let runs = sequence_runs(rows, caches, layer)?;
+        (kernels::prompt_rows() || (runs.len() == 1 && rows.len() >= MIN_ROWS)).then_some(runs)
     }
 
     /// Attention of `n` consecutive rows from `pos0` of one sequence as two matrix products
@@ -274,7 +250,7 @@ impl Attention {
         const SCORES_BUDGET: usize = 16 << 20;
         let chunk = (SCORES_BUDGET / (group * (pos0 + n))).clamp(16, 128);
         let LayerCache::Attention { k: kc, v: vc } = cache else {
-            unreachable!("checked by one_sequence_prefill")
+            unreachable!("checked by gemm_runs")
         };
         let scale = 1.0 / (hd as f32).sqrt();
         let (mut kh, mut vt, mut qg, mut scores, mut out) =
