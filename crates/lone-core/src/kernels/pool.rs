@@ -291,6 +291,37 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 3 * 200 * 16 * 4);
     }
 
+    /// A thread cap of 1 (a model's `Compute { threads: Some(1) }`) keeps every chunk of a
+    /// parallel region on the calling thread; without it the pool's workers may join.
+    #[test]
+    fn a_thread_cap_of_one_runs_on_the_caller_alone() {
+        let me = std::thread::current().id();
+        let seen = Mutex::new(Vec::new());
+        let work = |r: std::ops::Range<usize>| {
+            // Long enough per chunk for a worker to join if it may.
+            std::thread::sleep(Duration::from_micros(200 * r.len() as u64));
+            seen.lock()
+                .unwrap()
+                .push((std::thread::current().id(), r.len()));
+        };
+        let c = crate::kernels::Compute {
+            mode: None,
+            threads: Some(1),
+        };
+        {
+            let _scope = c.enter(false);
+            assert_eq!(crate::kernels::threads(), 1);
+            parallel_for(64, 1, &work);
+        }
+        let ids = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(ids.iter().map(|&(_, n)| n).sum::<usize>(), 64);
+        assert!(
+            ids.iter().all(|&(t, _)| t == me),
+            "a capped region ran on a worker"
+        );
+        assert_eq!(crate::kernels::threads(), global().threads());
+    }
+
     #[test]
     fn empty_job_overhead() {
         let pool = global();
