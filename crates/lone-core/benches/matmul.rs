@@ -99,6 +99,13 @@ mod matvec {
     shape!(m65536_k1024, 65536, 1024, 1, 30);
 }
 
+mod matmul_n4 {
+    use super::*;
+    shape!(m1024_k4608, 1024, 4608, 4, 100);
+    shape!(m4608_k1024, 4608, 1024, 4, 100);
+    shape!(m65536_k1024, 65536, 1024, 4, 20);
+}
+
 mod matmul_n8 {
     use super::*;
     shape!(m1024_k4608, 1024, 4608, 8, 50);

@@ -276,8 +276,13 @@ pub(super) fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
 /// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of
 /// `qs` bytes (`qb` of blocks, then for Q8_1 the f32 block sums), in parallel for many rows.
 pub(super) fn quantize_rows(ad: DType, x: &[f32], k: usize, qb: usize, qs: usize, q: &mut [u8]) {
+    let simd = active().vec.quant8;
     let one = |xr: &[f32], qr: &mut [u8]| {
         let (blocks, sums) = qr.split_at_mut(qb);
+        // SAFETY: the table holds the function only where its ISA is available.
+        if simd.is_some_and(|f| unsafe { f(ad, xr, blocks, sums) }) {
+            return;
+        }
         quant::quantize_row(ad, xr, blocks).expect("sizes checked by the caller");
         if !sums.is_empty() {
             for (b, s) in blocks.chunks(36).zip(sums.chunks_mut(4)) {

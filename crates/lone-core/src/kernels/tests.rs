@@ -596,3 +596,122 @@ fn prompt_rows_give_the_same_outputs_in_any_number() {
         }
     }
 }
+
+/// Decode rows give the same outputs in any number: outside fast mode a decode step's rows
+/// take the matrix-vector kernels for every row count, and each row's output must not depend
+/// on how many rows share the step (1–9 rows against the same rows of 21), for every format,
+/// both modes' decode kernels, odd row counts (tails of the row tiles) and widths.
+#[test]
+fn decode_rows_give_the_same_outputs_in_any_number() {
+    let mut rng = Rng(11);
+    for isa in Isa::available() {
+        for dtype in FORMATS {
+            let bs = dtype.block_size();
+            for (m, k) in [(53usize, 3 * bs.max(32) + 1), (7, bs.max(32)), (18, 67)] {
+                let k = (k / bs * bs).max(bs);
+                let w =
+                    Tensor::from_bytes(dtype, vec![m, k], random_weights(&mut rng, dtype, m, k));
+                let xs: Vec<f32> = (0..21 * k).map(|_| rng.f32() - 0.5).collect();
+                for mode in [Mode::Exact, Mode::Auto] {
+                    let run = |n: usize, x: &[f32]| {
+                        let mut out = vec![0f32; n * m];
+                        let c = Compute {
+                            mode: Some(mode),
+                            threads: None,
+                        };
+                        let _scope = c.enter(false);
+                        assert!(decode_rows());
+                        let exact = kernel(isa, dtype, true);
+                        let kern = if mode == Mode::Exact {
+                            exact
+                        } else {
+                            auto_kernel(isa, dtype, kernel(isa, dtype, false), exact)
+                        };
+                        matmul_kernel(kern, &w, x, n, &mut out);
+                        out
+                    };
+                    let wide = run(21, &xs);
+                    for n in 1..=9 {
+                        let got = run(n, &xs[..n * k]);
+                        let same = got
+                            .iter()
+                            .zip(&wide)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{isa:?} {mode:?} {dtype} {m}x{k}: {n} decode rows differ from \
+                             the same rows of 21"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The SIMD 8-bit activation quantizers write what ggml's reference quantizers write, byte for
+/// byte: random rows at several scales, all-zero blocks, values exactly halfway between two
+/// quants, a largest magnitude held by both signs (Q8_K keeps the first), and blocks with a
+/// NaN or an infinity (left to the reference: the function says so).
+#[test]
+fn simd_activation_quantizers_are_the_reference() {
+    let Some(f) = active().vec.quant8 else {
+        return;
+    };
+    let mut rng = Rng(17);
+    for ad in [DType::Q8_0, DType::Q8_1, DType::Q8K] {
+        let bs = ad.block_size();
+        for case in 0..40 {
+            let k = bs * (1 + case % 3);
+            let scale = [1e-3f32, 1.0, 37.0, 1e4][case % 4];
+            let mut x: Vec<f32> = (0..k).map(|_| (rng.f32() - 0.5) * scale).collect();
+            match case % 8 {
+                1 => x[..bs].fill(0.0),
+                2 => {
+                    // Halfway cases: with amax = 127 the scale is 1 and x·id = x.
+                    x[0] = 127.0;
+                    for (j, v) in x[1..bs].iter_mut().enumerate() {
+                        *v = (j as f32 - 15.0) + 0.5;
+                    }
+                }
+                3 => {
+                    x[3] = -scale;
+                    x[7] = scale;
+                }
+                4 => x[5] = -0.0,
+                _ => {}
+            }
+            let qb = ad.bytes_for(k).unwrap();
+            let mut want = vec![0u8; qb];
+            quantize_row(ad, &x, &mut want).unwrap();
+            let mut got = vec![0xa5u8; qb];
+            let mut sums = if ad == DType::Q8_1 {
+                vec![0u8; 4 * (k / 32)]
+            } else {
+                Vec::new()
+            };
+            // SAFETY: the table holds the function only where its ISA is available.
+            assert!(
+                unsafe { f(ad, &x, &mut got, &mut sums) },
+                "{ad} case {case}"
+            );
+            assert_eq!(
+                got, want,
+                "{ad} case {case}: blocks differ from the reference"
+            );
+            for (b, s) in want.chunks(36).zip(sums.chunks(4)) {
+                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                let sq: i32 = b[4..].iter().map(|&v| i32::from(v as i8)).sum();
+                assert_eq!(s, (d * sq as f32).to_ne_bytes(), "{ad} case {case}: sums");
+            }
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut y = x.clone();
+                y[k - 2] = bad;
+                let mut got = vec![0u8; qb];
+                let mut sums = sums.clone();
+                // SAFETY: as above.
+                assert!(!unsafe { f(ad, &y, &mut got, &mut sums) }, "{ad} {bad}");
+            }
+        }
+    }
+}

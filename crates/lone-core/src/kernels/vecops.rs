@@ -15,7 +15,13 @@ pub(super) struct VecFns {
     pub(super) mix_f16: MixFn,
     /// Q8_0 values (whole blocks).
     pub(super) mix_q8: MixFn,
+    /// The 8-bit activation quantizers, where the ISA has them (see
+    /// `x86::quantize_q8_avx2`; false: take the reference).
+    pub(super) quant8: Option<Quant8Fn>,
 }
+
+/// `(format, values, blocks, Q8_1 sums) -> written`: see `x86::quantize_q8_avx2`.
+pub(super) type Quant8Fn = unsafe fn(DType, &[f32], &mut [u8], &mut [u8]) -> bool;
 
 /// `mix_rows` over raw value rows (`stride` elements apart) of the function's element type.
 pub(super) type MixFn =
@@ -29,6 +35,7 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             mix: x86::avx512::mix,
             mix_f16: x86::avx512::mix_f16,
             mix_q8: x86::avx512::mix_q8,
+            quant8: Some(x86::quantize_q8_avx2),
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => VecFns {
@@ -36,12 +43,14 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             mix: x86::avx2::mix,
             mix_f16: x86::avx2::mix_f16,
             mix_q8: x86::avx2::mix_q8,
+            quant8: Some(x86::quantize_q8_avx2),
         },
         _ => VecFns {
             exp: exp_scalar,
             mix: mix_scalar::<false>,
             mix_f16: mix_scalar::<true>,
             mix_q8: mix_scalar_q8,
+            quant8: None,
         },
     }
 }

@@ -48,6 +48,7 @@ mod float;
 mod gemm;
 mod int8dot;
 mod kquant;
+mod quant8;
 mod simd;
 mod vec;
 
@@ -57,6 +58,7 @@ pub(super) use float::*;
 pub(super) use gemm::*;
 pub(super) use int8dot::*;
 pub(super) use kquant::*;
+pub(super) use quant8::*;
 pub(super) use simd::*;
 pub(super) use vec::*;
 
