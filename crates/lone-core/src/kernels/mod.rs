@@ -78,7 +78,7 @@ pub use mode::{
     decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,
     Mode, Scope,
 };
-pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, Rope};
+pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, softmax_unnormalized, Rope};
 pub use table::{isa, row_invariant_rows, Isa};
 pub use vecops::{dot_rows, mix_rows, KvSlice};
 

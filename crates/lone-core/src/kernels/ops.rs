@@ -55,6 +55,14 @@ pub fn silu_mul(a: &mut [f32], b: &[f32]) {
 /// sum over 16 interleaved lanes, which the compiler vectorises — a sequential f32 sum is
 /// latency-bound and dominated long attention rows).
 pub fn softmax(x: &mut [f32]) {
+    let (_, sum) = softmax_unnormalized(x);
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The first half of [`softmax`]: `x[i] = e^(x[i] - max)`; returns `(max, Σ x[i])` (the
+/// normaliser), so that pieces of a row softmaxed apart can be combined.
+pub fn softmax_unnormalized(x: &mut [f32]) -> (f32, f32) {
     let (chunks, tail) = x.as_chunks::<16>();
     let mut m = [f32::NEG_INFINITY; 16];
     for c in chunks {
@@ -77,9 +85,7 @@ pub fn softmax(x: &mut [f32]) {
             acc[j] += c[j];
         }
     }
-    let sum: f32 = acc.iter().chain(tail).sum();
-    let inv = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inv);
+    (max, acc.iter().chain(tail).sum())
 }
 
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {

@@ -170,28 +170,16 @@ impl Attention {
                 break;
             }
             let caches_ro: &[SeqCache] = caches;
-            // One task per (row, KV head): a single decode row still uses every thread.
-            let nkv = self.n_kv_heads;
-            let gd = qd / nkv;
-            let slots: Vec<std::sync::Mutex<&mut [f32]>> = ctx[start * qd..end * qd]
-                .chunks_mut(gd)
-                .map(std::sync::Mutex::new)
+            let layers: Vec<&LayerCache> = rows[start..end]
+                .iter()
+                .map(|r| &caches_ro[r.seq].layers[layer])
                 .collect();
-            kernels::parallel_for((end - start) * nkv, 1, &|range| {
-                for task in range {
-                    let (ii, kvh) = (task / nkv, task % nkv);
-                    let i = start + ii;
-                    let r = rows[i];
-                    let mut out = slots[task].lock().unwrap();
-                    self.attend(
-                        &q[i * qd..(i + 1) * qd],
-                        &caches_ro[r.seq].layers[layer],
-                        r.pos,
-                        kvh,
-                        &mut out,
-                    );
-                }
-            });
+            self.attend_rows(
+                &q[start * qd..end * qd],
+                &rows[start..end],
+                &layers,
+                &mut ctx[start * qd..end * qd],
+            );
             start = end;
         }
         self.apply_gate(gates.as_deref(), &mut ctx);
@@ -310,25 +298,121 @@ impl Attention {
         }
     }
 
+    /// Decode-style attention of `rows` (each attending to its own cache `layers[i]`, which
+    /// already holds its key and value): `q` and `ctx` are the rows' queries and outputs.
+    ///
+    /// One task per (row, KV head, run of SPLIT_KEYS keys): a single decode row still uses
+    /// every thread, evenly at long contexts. A row that sees more keys than one run has its
+    /// runs' unnormalised outputs combined after the parallel part. The runs depend on the
+    /// row's position alone, so the row's result does not depend on what else the step holds.
+    fn attend_rows(&self, q: &[f32], rows: &[Row], layers: &[&LayerCache], ctx: &mut [f32]) {
+        let qd = self.n_heads * self.head_dim;
+        let nkv = self.n_kv_heads;
+        let gd = qd / nkv;
+        let group = self.n_heads / nkv;
+        let runs_of = |i: usize| self.visible(rows[i].pos).div_ceil(SPLIT_KEYS);
+        // (row, kvh, run, partial slot; usize::MAX for a row of one run)
+        let mut tasks = Vec::new();
+        let mut n_parts = 0;
+        for i in 0..rows.len() {
+            let nr = runs_of(i);
+            for kvh in 0..nkv {
+                if nr == 1 {
+                    tasks.push((i, kvh, 0, usize::MAX));
+                } else {
+                    tasks.extend((0..nr).map(|c| (i, kvh, c, n_parts + c)));
+                    n_parts += nr;
+                }
+            }
+        }
+        let slots: Vec<std::sync::Mutex<&mut [f32]>> =
+            ctx.chunks_mut(gd).map(std::sync::Mutex::new).collect();
+        let mut part_out = vec![0f32; n_parts * gd];
+        let mut part_stats = vec![(0f32, 0f32); n_parts * group];
+        let part_slots: Vec<std::sync::Mutex<PartSlot>> = part_out
+            .chunks_mut(gd)
+            .zip(part_stats.chunks_mut(group))
+            .map(std::sync::Mutex::new)
+            .collect();
+        kernels::parallel_for(tasks.len(), 1, &|range| {
+            for &(i, kvh, c, slot) in &tasks[range] {
+                let pos = rows[i].pos;
+                let qi = &q[i * qd..(i + 1) * qd];
+                if slot == usize::MAX {
+                    let mut out = slots[i * nkv + kvh].lock().unwrap();
+                    self.attend(qi, layers[i], pos, kvh, &mut out);
+                } else {
+                    let keys = c * SPLIT_KEYS..((c + 1) * SPLIT_KEYS).min(self.visible(pos));
+                    let mut p = part_slots[slot].lock().unwrap();
+                    let (o, st) = &mut *p;
+                    self.attend_keys(qi, layers[i], pos, kvh, keys, o, Some(st));
+                }
+            }
+        });
+        drop((slots, part_slots));
+        let mut slot = 0;
+        for i in 0..rows.len() {
+            let nr = runs_of(i);
+            if nr == 1 {
+                continue;
+            }
+            for kvh in 0..nkv {
+                combine_parts(
+                    &part_out[slot * gd..(slot + nr) * gd],
+                    &part_stats[slot * group..(slot + nr) * group],
+                    nr,
+                    group,
+                    &mut ctx[i * qd + kvh * gd..i * qd + (kvh + 1) * gd],
+                );
+                slot += nr;
+            }
+        }
+    }
+
     /// One row's attention for the query heads of KV head `kvh` (`group` heads): `q` is the
     /// whole row, `out` the group's `group · head_dim` outputs. The group's heads share every
     /// key and value row they read (`kernels::dot_rows`, `kernels::mix_rows`).
     fn attend(&self, q: &[f32], cache: &LayerCache, pos: usize, kvh: usize, out: &mut [f32]) {
+        let nk = self.visible(pos);
+        self.attend_keys(q, cache, pos, kvh, 0..nk, out, None);
+    }
+
+    /// How many keys the row at `pos` attends to.
+    fn visible(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).min(w),
+            None => pos + 1,
+        }
+    }
+
+    /// [`Self::attend`] over the visible keys `keys` (indices among the `visible(pos)` keys,
+    /// oldest first). With `parts` (one `(max, Σ)` pair per head of the group), the
+    /// exponentials are left unnormalised: `out` is `Σ e^(s - max) · v` and `parts` says how to
+    /// combine it with the other ranges' ([`combine_parts`]); without, `out` is the attention
+    /// output (the softmax over these keys).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_keys(
+        &self,
+        q: &[f32],
+        cache: &LayerCache,
+        pos: usize,
+        kvh: usize,
+        keys: std::ops::Range<usize>,
+        out: &mut [f32],
+        parts: Option<&mut [(f32, f32)]>,
+    ) {
         let hd = self.head_dim;
         let kvd = self.n_kv_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
-        let first = match self.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
+        let first = pos + 1 - self.visible(pos) + keys.start;
         let (kc, vc, cap) = match cache {
             LayerCache::Attention { k, v } => (k, v, usize::MAX),
             LayerCache::SlidingRing { k, v, cap, .. } => (k, v, *cap),
             LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
         };
-        let nk = pos + 1 - first;
-        // Positions first..=pos as runs of consecutive cache rows: (first row, count, offset
-        // among the keys); a ring wraps at most once.
+        let nk = keys.len();
+        // Positions first..first+nk as runs of consecutive cache rows: (first row, count,
+        // offset among the keys); a ring wraps at most once.
         let mut segs = [(first, nk, 0), (0, 0, nk)];
         if cap != usize::MAX {
             let s0 = first % cap;
@@ -365,9 +449,19 @@ impl Attention {
             }
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        for row in scores.chunks_mut(nk) {
-            row.iter_mut().for_each(|v| *v *= scale);
-            kernels::softmax(row);
+        match parts {
+            None => {
+                for row in scores.chunks_mut(nk) {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                    kernels::softmax(row);
+                }
+            }
+            Some(parts) => {
+                for (row, p) in scores.chunks_mut(nk).zip(parts.iter_mut()) {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                    *p = kernels::softmax_unnormalized(row);
+                }
+            }
         }
         out.fill(0.0);
         for &(row, len, off) in segs.iter().filter(|s| s.1 > 0) {
@@ -394,6 +488,39 @@ impl Attention {
     ) -> Vec<f32> {
         let ctx = self.context(x, rows, caches, layer);
         self.o.forward(&ctx, rows.len())
+    }
+}
+
+/// One run's unnormalised outputs and its per-head `(max, Σ)` (`Attention::attend_rows`).
+type PartSlot<'a> = (&'a mut [f32], &'a mut [(f32, f32)]);
+
+/// Keys per task of a decode row's attention (see `Attention::context`).
+const SPLIT_KEYS: usize = 256;
+
+/// The attention output of a KV head's group from `nr` runs of keys attended apart
+/// (`Attention::attend_keys` with parts): `outs` holds per run the group's unnormalised
+/// outputs (`group · hd`), `stats` per run and head `(max, Σ)`. Each run is rescaled by
+/// `e^(max - M)` (M the largest max) and the sum divided by the combined normaliser.
+fn combine_parts(outs: &[f32], stats: &[(f32, f32)], nr: usize, group: usize, out: &mut [f32]) {
+    let hd = out.len() / group;
+    for g in 0..group {
+        let m = (0..nr)
+            .map(|c| stats[c * group + g].0)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let w: Vec<f32> = (0..nr)
+            .map(|c| (stats[c * group + g].0 - m).exp())
+            .collect();
+        let total: f32 = (0..nr).map(|c| w[c] * stats[c * group + g].1).sum();
+        let inv = 1.0 / total;
+        let o = &mut out[g * hd..(g + 1) * hd];
+        o.fill(0.0);
+        for (c, &wc) in w.iter().enumerate() {
+            let src = &outs[(c * group + g) * hd..(c * group + g + 1) * hd];
+            for (d, &v) in o.iter_mut().zip(src) {
+                *d += wc * v;
+            }
+        }
+        o.iter_mut().for_each(|d| *d *= inv);
     }
 }
 
@@ -499,6 +626,102 @@ mod tests {
             }
             for (j, (&a, &b)) in got[i * qd..(i + 1) * qd].iter().zip(&want).enumerate() {
                 assert!((a - b).abs() <= 1e-5, "row {i} element {j}: {a} vs {b}");
+            }
+        }
+    }
+
+    fn test_attention(window: Option<usize>) -> Attention {
+        let hd = 16;
+        Attention {
+            q: dummy_linear(),
+            k: dummy_linear(),
+            v: dummy_linear(),
+            o: dummy_linear(),
+            q_norm: None,
+            k_norm: None,
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: hd,
+            rope: Rope::new(hd, hd, 1e4),
+            window,
+            gate: None,
+        }
+    }
+
+    /// A decode row that sees more keys than one task takes (split into runs, softmaxed apart
+    /// and combined) against one softmax over all its keys, computed in f64 from the cache:
+    /// full attention, and a sliding window whose ring has wrapped.
+    #[test]
+    fn split_decode_attention_is_one_softmax() {
+        let mut rng = Rng(23);
+        for (window, cap, pos) in [(None, 0, 3 * SPLIT_KEYS + 36), (Some(600), 700, 1500)] {
+            let att = test_attention(window);
+            let (hd, qd, kvd) = (16, 96, 32);
+            let rows_in_cache = if cap == 0 { pos + 1 } else { cap };
+            let mut k = KvRows::new(KvType::F32, kvd, 0);
+            let mut v = KvRows::new(KvType::F32, kvd, 0);
+            let mut kpos = vec![vec![0f32; kvd]; pos + 1];
+            let mut vpos = vec![vec![0f32; kvd]; pos + 1];
+            for p in 0..=pos {
+                kpos[p] = (0..kvd).map(|_| rng.f32() - 0.5).collect();
+                vpos[p] = (0..kvd).map(|_| rng.f32() - 0.5).collect();
+                let row = if cap == 0 { p } else { p % cap };
+                if row < rows_in_cache {
+                    k.set(row, &kpos[p]);
+                    v.set(row, &vpos[p]);
+                }
+            }
+            let cache = match window {
+                None => LayerCache::Attention { k, v },
+                Some(w) => LayerCache::SlidingRing {
+                    k,
+                    v,
+                    window: w,
+                    cap,
+                },
+            };
+            // Two rows: the long one, and one that fits in a single run.
+            let rows = [Row { seq: 0, pos }, Row { seq: 0, pos: 40 }];
+            let q: Vec<f32> = (0..2 * qd).map(|_| 3.0 * (rng.f32() - 0.5)).collect();
+            let mut got = vec![0f32; 2 * qd];
+            att.attend_rows(&q, &rows[..1], &[&cache], &mut got[..qd]);
+            let first = window.map_or(0, |w| pos + 1 - w);
+            let group = 3;
+            for h in 0..6 {
+                let kvh = h / group;
+                let qh = &q[h * hd..(h + 1) * hd];
+                let s: Vec<f64> = (first..=pos)
+                    .map(|p| {
+                        let kk = &kpos[p][kvh * hd..(kvh + 1) * hd];
+                        let d: f64 = qh.iter().zip(kk).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        d / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for dd in 0..hd {
+                    let want: f64 = (first..=pos)
+                        .zip(&e)
+                        .map(|(p, &w)| w * vpos[p][kvh * hd + dd] as f64)
+                        .sum::<f64>()
+                        / z;
+                    let g = got[h * hd + dd] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5,
+                        "window {window:?} head {h} dim {dd}: {g} vs {want}"
+                    );
+                }
+            }
+            // The short row takes the one-run path, as attend does.
+            if cap == 0 {
+                let mut alone = vec![0f32; qd];
+                att.attend_rows(&q[qd..], &rows[1..], &[&cache], &mut alone);
+                let mut want = vec![0f32; qd];
+                for (kvh, w) in want.chunks_mut(qd / 2).enumerate() {
+                    att.attend(&q[qd..], &cache, 40, kvh, w);
+                }
+                assert_eq!(alone, want);
             }
         }
     }
