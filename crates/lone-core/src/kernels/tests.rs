@@ -552,6 +552,25 @@ fn gemms_read_the_packed_copy_as_the_original() {
     }
 }
 
+/// `run(n, x)` (the outputs of `n` activation rows) for 1–9 rows equals, bit for bit, the same
+/// rows' outputs among 21 (`xs` holds 21 rows of `k`).
+fn same_rows_in_any_number(
+    run: &dyn Fn(usize, &[f32]) -> Vec<f32>,
+    xs: &[f32],
+    k: usize,
+    what: &str,
+) {
+    let wide = run(21, xs);
+    for n in 1..=9 {
+        let got = run(n, &xs[..n * k]);
+        let same = got
+            .iter()
+            .zip(&wide)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: {n} rows differ from the same rows of 21");
+    }
+}
+
 /// Prompt rows give the same outputs in any number: a step of 1–8 rows (the narrow kernel,
 /// vectorised over weight rows) and the same rows inside a longer prompt (the tile kernel)
 /// agree bit for bit, for every format with an f32 GEMM, odd row counts and widths.
@@ -580,18 +599,7 @@ fn prompt_rows_give_the_same_outputs_in_any_number() {
                     matmul_kernel(kernel(isa, dtype, true), &w, x, n, &mut out);
                     out
                 };
-                let wide = run(21, &xs);
-                for n in 1..=9 {
-                    let got = run(n, &xs[..n * k]);
-                    let same = got
-                        .iter()
-                        .zip(&wide)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{isa:?} {dtype} {m}x{k}: {n} rows differ from the same rows of 21"
-                    );
-                }
+                same_rows_in_any_number(&run, &xs, k, &format!("{isa:?} {dtype} {m}x{k}"));
             }
         }
     }
@@ -630,19 +638,8 @@ fn decode_rows_give_the_same_outputs_in_any_number() {
                         matmul_kernel(kern, &w, x, n, &mut out);
                         out
                     };
-                    let wide = run(21, &xs);
-                    for n in 1..=9 {
-                        let got = run(n, &xs[..n * k]);
-                        let same = got
-                            .iter()
-                            .zip(&wide)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(
-                            same,
-                            "{isa:?} {mode:?} {dtype} {m}x{k}: {n} decode rows differ from \
-                             the same rows of 21"
-                        );
-                    }
+                    let what = format!("{isa:?} {mode:?} {dtype} {m}x{k} (decode)");
+                    same_rows_in_any_number(&run, &xs, k, &what);
                 }
             }
         }

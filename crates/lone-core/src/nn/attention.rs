@@ -589,20 +589,7 @@ mod tests {
     #[test]
     fn gemm_attention_matches_row_attention() {
         let (n_heads, n_kv_heads, hd) = (6, 2, 16);
-        let att = Attention {
-            q: dummy_linear(),
-            k: dummy_linear(),
-            v: dummy_linear(),
-            o: dummy_linear(),
-            q_norm: None,
-            k_norm: None,
-            n_heads,
-            n_kv_heads,
-            head_dim: hd,
-            rope: Rope::new(hd, hd, 1e4),
-            window: None,
-            gate: None,
-        };
+        let att = test_attention(None);
         let mut rng = Rng(11);
         let (pos0, n) = (37, 300);
         let kvd = n_kv_heads * hd;
@@ -630,6 +617,7 @@ mod tests {
         }
     }
 
+    /// 6 query heads of 16 over 2 KV heads, without projections.
     fn test_attention(window: Option<usize>) -> Attention {
         let hd = 16;
         Attention {
