@@ -9,10 +9,13 @@
 #   MODELS_FILTER=regex   only files whose path matches (e.g. 'LFM2-350M|Qwen2.5-0.5B')
 #   DEPTH=N               run every test after N tokens of context (both engines' -d)
 #   DATE=YYYY-MM-DD       names the output (default today)
-#   FAMILY=native|avx2|both   kernel family: native = lone's best ISA against the native
-#                         llama.cpp build; avx2 = LONE_ISA=avx2 against llama.cpp built with
-#                         LLAMA_CPU=avx2 (~/.cache/llama.cpp-0c1e570-avx2, outputs named
-#                         <date>-avx2); both = the two, one after the other
+#   FAMILY=native|avx2|avxvnni|both   kernel family: native = lone's best ISA against the
+#                         native llama.cpp build; avx2 = LONE_ISA=avx2 against llama.cpp built
+#                         with LLAMA_CPU=avx2 (~/.cache/llama.cpp-0c1e570-avx2, outputs named
+#                         <date>-avx2); avxvnni = LONE_ISA=avxvnni (AVX2 + AVX-VNNI, an Intel
+#                         laptop since Alder Lake) against llama.cpp built from the same tree with
+#                         AVX-VNNI and no AVX-512 (~/.cache/llama.cpp-0c1e570-avxvnni: the avx2
+#                         build's cmake flags with -DGGML_AVX_VNNI=ON); both = native then avx2
 #   LONE=path/to/lone     (default: builds target/release/lone)
 #   LLAMA_BENCH=path      (default: ~/.cache/llama.cpp-0c1e570/bin/llama-bench)
 #   NICE=-10              run both engines under `nice -n $NICE` (root: a shared machine's other
@@ -36,7 +39,11 @@ case "$FAMILY" in
     SUFFIX="-avx2"
     export LONE_ISA=avx2
     LLAMA_BENCH="${LLAMA_BENCH:-$HOME/.cache/llama.cpp-0c1e570-avx2/bin/llama-bench}" ;;
-  *) echo "FAMILY must be native, avx2 or both" >&2; exit 2 ;;
+  avxvnni)
+    SUFFIX="-avxvnni"
+    export LONE_ISA=avxvnni
+    LLAMA_BENCH="${LLAMA_BENCH:-$HOME/.cache/llama.cpp-0c1e570-avxvnni/bin/llama-bench}" ;;
+  *) echo "FAMILY must be native, avx2, avxvnni or both" >&2; exit 2 ;;
 esac
 
 THREADS="${THREADS:-2}"

@@ -300,11 +300,14 @@ thread_local! {
 
 /// Fast mode's many-row path ([`int8`]): activation rows quantized to 8 bits and packed once,
 /// then each task unpacks `GEMM_TILE_ROWS` weight rows to 8-bit codes and multiplies them by
-/// every packed block with `vpdpbusd`. Only on an AVX-512 VNNI CPU (the caller checks).
+/// every packed block with `vpdpbusd` (AVX-VNNI, AVX-512 VNNI) or `vpmaddubsw` (AVX2) — the
+/// jobs' x86 level ([`int8::gemm_fn`]).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
     pack_for_decode(jobs);
+    let isa = jobs[0].kern.isa;
     let k = jobs[0].w.row_len();
+    let pack = int8::gemm_fn(isa, jobs[0].w.dtype).pack;
     let blocks = n.div_ceil(int8::TB);
     let (xb, fb) = int8::block_sizes(k);
     let (mut xq, mut xf) = XIPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -317,9 +320,10 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
             let rows = int8::TB.min(n - b * int8::TB);
             // SAFETY: block b's bytes and f32 (dx in the first half of xf, sx in the second)
             // lie inside the buffers sized above and only this task writes them; x holds
-            // rows·k f32 from row b·TB; k is a multiple of 32; AVX-512 VNNI (igemm flag).
+            // rows·k f32 from row b·TB; k is a multiple of 32; `pack` is the packer of the
+            // jobs' level, which the CPU has (the kernel table's).
             unsafe {
-                int8::pack_x(
+                pack(
                     x.as_ptr().add(b * int8::TB * k),
                     rows,
                     k,
@@ -335,6 +339,7 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
         let (xqp, xfp) = (&xqp, &xfp);
         let m = job.w.n_rows();
         let dtype = job.w.dtype;
+        let fns = int8::gemm_fn(isa, dtype);
         let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
         let rows = range.len();
         // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
@@ -359,6 +364,7 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
                             codes.as_mut_ptr().add(r * cs),
                             dw.as_mut_ptr().add(r * gs),
                             cw.as_mut_ptr().add(r * gs),
+                            fns.small,
                         )
                     };
                 }
@@ -379,8 +385,9 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
                     out_stride: m,
                 };
                 // SAFETY: the buffers hold what IGemmArgs describes; out[t·m + r] for r in this
-                // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS.
-                unsafe { int8::gemm(&a) };
+                // task's range is written by this task alone; rows ≥ 1, n ≥ IGEMM_MIN_ROWS;
+                // the codes are what `fns.gemm` takes (`fns.small`).
+                unsafe { (fns.gemm)(&a) };
             })
         });
     });
@@ -397,11 +404,8 @@ pub(super) fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option
     }
     let ad = act_format(dtype)?;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
+    if isa.is_x86() && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
-    }
-    if isa == Isa::Avx2 && n >= GEMM_MIN_ROWS {
-        return None;
     }
     let _ = (isa, n, k);
     Some(ad)

@@ -1,4 +1,5 @@
-//! Fast mode's many-row path (AVX-512 VNNI): an 8-bit GEMM.
+//! Fast mode's many-row path: an 8-bit GEMM (AVX-512 VNNI on 512-bit registers; AVX-VNNI and
+//! AVX2 on 256-bit ones, [`gemm_fn`]).
 //!
 //! The activation rows are quantized once per matmul to 8-bit blocks of 32 with ggml's Q8_0
 //! rule (`d = max|x| / 127` stored as f16, `q = round(x / d)`, halfway cases away from zero)
@@ -18,8 +19,8 @@
 
 use core::arch::x86_64::*;
 
-use super::x86::{for_each_micro, write_acc512, WQ5_1, WQ8_0, XQ5K, XQ6K};
-use super::x86::{KExactW, LegacyW, WQ4_0, WQ4_1, WQ5_0, XQ4K};
+use super::x86::{for_each_micro, write_acc512, write_tile, WQ5_1, WQ8_0, XQ5K, XQ6K};
+use super::x86::{KExactW, LegacyW, WQ4_0, WQ4_0U, WQ4_1, WQ5_0, WQ5_0U, XQ4K};
 use crate::tensor::DType;
 
 /// Activation rows per packed block: two 16-lane vectors.
@@ -117,13 +118,64 @@ pub(super) unsafe fn pack_x(
     }
 }
 
+/// [`pack_x`] without AVX-512: the same bytes and scales (ggml's Q8_0 rule through the
+/// reference quantizer), for the 256-bit levels.
+///
+/// # Safety
+/// As [`pack_x`], without the AVX-512 requirement.
+pub(super) unsafe fn pack_x_portable(
+    x: *const f32,
+    rows: usize,
+    k: usize,
+    xq: *mut u8,
+    dx: *mut f32,
+    sx: *mut f32,
+) {
+    let groups = k / 16;
+    let mut blk = [0u8; 34];
+    for t in 0..TB {
+        for b in 0..k / 32 {
+            let q: [i8; 32] = if t < rows {
+                let v = std::slice::from_raw_parts(x.add(t * k + 32 * b), 32);
+                crate::quant::quantize_row(DType::Q8_0, v, &mut blk)
+                    .expect("32 elements are one Q8_0 block");
+                core::array::from_fn(|i| blk[2 + i] as i8)
+            } else {
+                [0; 32]
+            };
+            let dq = if t < rows {
+                half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32()
+            } else {
+                0.0
+            };
+            for h in 0..2 {
+                let sum: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
+                let g = 2 * b + h;
+                *dx.add(g * TB + t) = dq;
+                *sx.add(g * TB + t) = dq * sum as f32;
+            }
+            for j in 0..8 {
+                let w = (q.as_ptr().add(4 * j) as *const u32).read_unaligned();
+                (xq.add((8 * b + j) * TB * 4 + t * 4) as *mut u32).write_unaligned(w);
+            }
+        }
+    }
+    debug_assert_eq!(groups * 16, k);
+}
+
 /// Unpack one weight row of `k` elements (whole blocks of `dtype`) into codes (`k` bytes) and
 /// per group of 16 `dw`, `cw` (k/16 f32 each): weight = `dw · code + cw`.
 ///
+/// `small` (AVX2's `vpmaddubsw`, whose i16 pair sums saturate): codes stay below 64 — Q4_0,
+/// Q5_0 and Q6_K keep their unsigned quants with the zero point in `cw` — and Q8_0's codes
+/// are its signed quants (the kernel takes their signs apart). Otherwise signed quants `q`
+/// become `q + 128` with `cw = -128·dw`.
+///
 /// # Safety
-/// AVX-512 level features available; `src` holds the row; outputs hold the sizes above;
-/// `dtype` is one of [`supports`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+/// AVX2, FMA and F16C available; `src` holds the row; outputs hold the sizes above; `dtype`
+/// is one of [`supports`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn unpack(
     dtype: DType,
     src: *const u8,
@@ -131,24 +183,34 @@ pub(super) unsafe fn unpack(
     codes: *mut u8,
     dw: *mut f32,
     cw: *mut f32,
+    small: bool,
 ) {
-    match dtype {
-        DType::Q4_0 => unpack_legacy::<WQ4_0>(src, k, codes, dw, cw),
-        DType::Q4_1 => unpack_legacy::<WQ4_1>(src, k, codes, dw, cw),
-        DType::Q5_0 => unpack_legacy::<WQ5_0>(src, k, codes, dw, cw),
-        DType::Q5_1 => unpack_legacy::<WQ5_1>(src, k, codes, dw, cw),
-        DType::Q8_0 => unpack_legacy::<WQ8_0>(src, k, codes, dw, cw),
-        DType::Q4K => unpack_k::<XQ4K>(src, k, codes, dw, cw),
-        DType::Q5K => unpack_k::<XQ5K>(src, k, codes, dw, cw),
-        DType::Q6K => unpack_k::<XQ6K>(src, k, codes, dw, cw),
+    match (dtype, small) {
+        (DType::Q4_0, false) => unpack_legacy::<WQ4_0, false>(src, k, codes, dw, cw),
+        (DType::Q4_0, true) => unpack_legacy::<WQ4_0U, true>(src, k, codes, dw, cw),
+        (DType::Q4_1, _) => unpack_legacy::<WQ4_1, false>(src, k, codes, dw, cw),
+        (DType::Q5_0, false) => unpack_legacy::<WQ5_0, false>(src, k, codes, dw, cw),
+        (DType::Q5_0, true) => unpack_legacy::<WQ5_0U, true>(src, k, codes, dw, cw),
+        (DType::Q5_1, _) => unpack_legacy::<WQ5_1, false>(src, k, codes, dw, cw),
+        (DType::Q8_0, false) => unpack_legacy::<WQ8_0, false>(src, k, codes, dw, cw),
+        (DType::Q8_0, true) => unpack_legacy::<WQ8_0, true>(src, k, codes, dw, cw),
+        (DType::Q4K, _) => unpack_k::<XQ4K, false>(src, k, codes, dw, cw),
+        (DType::Q5K, _) => unpack_k::<XQ5K, false>(src, k, codes, dw, cw),
+        (DType::Q6K, small) => {
+            if small {
+                unpack_k::<XQ6K, true>(src, k, codes, dw, cw)
+            } else {
+                unpack_k::<XQ6K, false>(src, k, codes, dw, cw)
+            }
+        }
         _ => unreachable!("checked by supports()"),
     }
 }
 
-/// Signed quants `q` become codes `q + 128` with `cw = -128·dw`; unsigned ones stay, with
-/// the block's min as `cw`.
+/// Signed quants `q` become codes `q + 128` with `cw = -128·dw` (or, `SMALL`, stay signed);
+/// unsigned ones stay, with the block's min as `cw`.
 #[inline(always)]
-unsafe fn unpack_legacy<W: LegacyW>(
+unsafe fn unpack_legacy<W: LegacyW, const SMALL: bool>(
     src: *const u8,
     k: usize,
     codes: *mut u8,
@@ -157,8 +219,10 @@ unsafe fn unpack_legacy<W: LegacyW>(
 ) {
     for b in 0..k / 32 {
         let (q, d, m) = W::decode(src.add(b * W::BB));
-        let (c, off) = if W::SIGNED {
+        let (c, off) = if W::SIGNED && !SMALL {
             (_mm256_xor_si256(q, _mm256_set1_epi8(-128)), -128.0 * d)
+        } else if W::SIGNED {
+            (q, 0.0)
         } else {
             (q, m)
         };
@@ -171,15 +235,16 @@ unsafe fn unpack_legacy<W: LegacyW>(
 }
 
 /// K-quants: with a min, weight = ds·q − ms (codes = q); without (Q6_K), q is signed and
-/// becomes `q + 128` with `cw = −128·ds`.
+/// becomes `q + 128` with `cw = −128·ds` (`SMALL`: `q + 32`, `cw = −32·ds`).
 #[inline(always)]
-unsafe fn unpack_k<W: KExactW>(
+unsafe fn unpack_k<W: KExactW, const SMALL: bool>(
     src: *const u8,
     k: usize,
     codes: *mut u8,
     dw: *mut f32,
     cw: *mut f32,
 ) {
+    let off: i8 = if SMALL { 32 } else { -128 };
     let mut q = [0i8; 256];
     let mut ds = [0f32; 16];
     let mut ms = [0f32; 16];
@@ -190,7 +255,8 @@ unsafe fn unpack_k<W: KExactW>(
             let c = if W::HAS_MIN {
                 v
             } else {
-                _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                // q + 128 is q ^ 0x80; q + 32 (q ≥ −32) an add.
+                _mm256_add_epi8(v, _mm256_set1_epi8(off))
             };
             _mm256_storeu_si256(codes.add(256 * b + 32 * j) as *mut __m256i, c);
         }
@@ -199,7 +265,7 @@ unsafe fn unpack_k<W: KExactW>(
             let (d, c) = if W::HAS_MIN {
                 (ds[s], -ms[s])
             } else {
-                (ds[s], -128.0 * ds[s])
+                (ds[s], -f32::from(off as u8) * ds[s])
             };
             *dw.add(16 * b + g) = d;
             *cw.add(16 * b + g) = c;
@@ -293,4 +359,225 @@ pub(super) unsafe fn gemm(g: &IGemmArgs) {
             micro::<2>(g, r0, t0);
         }
     });
+}
+
+// ------------------------------------------------------------------ 256-bit levels
+
+/// An 8-bit multiply-accumulate step of the 256-bit GEMM: one broadcast code word `w` (4
+/// codes of a weight row) against 8 packed activation rows `x` (4 bytes of each).
+trait Dot8 {
+    /// The step accumulates straight into i32 lanes (no partial sums to flush).
+    const DIRECT: bool;
+    /// `p` + the step: i32 lanes (`DIRECT`), else i16 pair sums.
+    unsafe fn step(p: __m256i, w: __m256i, x: __m256i) -> __m256i;
+    /// i32 lanes `acc` + the i16 partial sums `p`.
+    unsafe fn flush(acc: __m256i, p: __m256i) -> __m256i;
+}
+/// AVX-VNNI `vpdpbusd` (codes unsigned, activations signed; no saturation).
+struct GVnni;
+/// AVX2 `vpmaddubsw` into i16 pair sums, codes below 64 ([`unpack`]'s `small`); the caller
+/// flushes them (`vpmaddwd` by ones) before they could pass 2^15 ([`steps_for`]).
+struct GMaddubs;
+/// AVX2, Q8_0's signed codes: `|w|` times `x` with `w`'s sign (`vpsignb`), as ggml's
+/// `mul_sum_i8_pairs`; pairs reach 2·127·127, so every step is flushed.
+struct GMaddubsSigned;
+
+impl Dot8 for GVnni {
+    const DIRECT: bool = true;
+    #[inline(always)]
+    unsafe fn step(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(p, w, x)
+    }
+    #[inline(always)]
+    unsafe fn flush(acc: __m256i, _p: __m256i) -> __m256i {
+        acc
+    }
+}
+impl Dot8 for GMaddubs {
+    const DIRECT: bool = false;
+    #[inline(always)]
+    unsafe fn step(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        _mm256_add_epi16(p, _mm256_maddubs_epi16(w, x))
+    }
+    #[inline(always)]
+    unsafe fn flush(acc: __m256i, p: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    }
+}
+impl Dot8 for GMaddubsSigned {
+    const DIRECT: bool = false;
+    #[inline(always)]
+    unsafe fn step(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        _mm256_add_epi16(
+            p,
+            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+        )
+    }
+    #[inline(always)]
+    unsafe fn flush(acc: __m256i, p: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    }
+}
+
+/// One micro-tile: `R` weight rows × `NV` vectors of 8 activation rows. Per span of `SPAN`
+/// elements (32 where the format's scale and offset are the same for both 16-element groups
+/// of each 32 — every format but Q6_K — else 16) the integer sums run in registers: `STEPS`
+/// code words per i16 partial before a flush (AVX2), or straight into i32 (VNNI); then one
+/// scaling per span (`dx` is the same for both groups of a 32-block; the offsets' `sx` add).
+#[inline(always)]
+unsafe fn micro256<D: Dot8, const R: usize, const NV: usize, const SPAN: usize, const STEPS: usize>(
+    g: &IGemmArgs,
+    r0: usize,
+    t0: usize,
+) {
+    let (blk, off) = (t0 / TB, t0 % TB);
+    let (xb, fb) = block_sizes(g.k);
+    let xq = g.xq.add(blk * xb + 4 * off);
+    let dx = g.dx.add(blk * fb + off);
+    let sx = g.sx.add(blk * fb + off);
+    let rr: [usize; R] = core::array::from_fn(|r| (r0 + r).min(g.rows - 1));
+    let codes: [*const u8; R] = core::array::from_fn(|r| g.codes.add(rr[r] * g.c_stride));
+    let dw: [*const f32; R] = core::array::from_fn(|r| g.dw.add(rr[r] * g.g_stride));
+    let cw: [*const f32; R] = core::array::from_fn(|r| g.cw.add(rr[r] * g.g_stride));
+    let mut acc = [[_mm256_setzero_ps(); NV]; R];
+    let words = SPAN / 4;
+    for span in 0..g.k / SPAN {
+        let mut iacc = [[_mm256_setzero_si256(); NV]; R];
+        let mut j = 0;
+        while j < words {
+            let mut p = [[_mm256_setzero_si256(); NV]; R];
+            for jj in 0..STEPS.min(words) {
+                let kq = span * words + j + jj;
+                let xv: [__m256i; NV] = core::array::from_fn(|v| {
+                    _mm256_loadu_si256(xq.add(kq * TB * 4 + 32 * v) as *const __m256i)
+                });
+                for r in 0..R {
+                    let w = _mm256_set1_epi32(
+                        (codes[r].add(4 * kq) as *const i32).read_unaligned(),
+                    );
+                    for v in 0..NV {
+                        if D::DIRECT {
+                            iacc[r][v] = D::step(iacc[r][v], w, xv[v]);
+                        } else {
+                            p[r][v] = D::step(p[r][v], w, xv[v]);
+                        }
+                    }
+                }
+            }
+            if !D::DIRECT {
+                for r in 0..R {
+                    for v in 0..NV {
+                        iacc[r][v] = D::flush(iacc[r][v], p[r][v]);
+                    }
+                }
+            }
+            j += STEPS;
+        }
+        let grp = span * SPAN / 16;
+        for v in 0..NV {
+            let dxv = _mm256_loadu_ps(dx.add(grp * TB + 8 * v));
+            let mut sxv = _mm256_loadu_ps(sx.add(grp * TB + 8 * v));
+            if SPAN == 32 {
+                sxv = _mm256_add_ps(sxv, _mm256_loadu_ps(sx.add((grp + 1) * TB + 8 * v)));
+            }
+            for r in 0..R {
+                let scale = _mm256_mul_ps(_mm256_set1_ps(*dw[r].add(grp)), dxv);
+                acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][v]), scale, acc[r][v]);
+                acc[r][v] = _mm256_fmadd_ps(_mm256_set1_ps(*cw[r].add(grp)), sxv, acc[r][v]);
+            }
+        }
+    }
+    let mut tmp = [[0.0f32; 32]; R];
+    for r in 0..R {
+        for v in 0..NV {
+            _mm256_storeu_ps(tmp[r].as_mut_ptr().add(8 * v), acc[r][v]);
+        }
+    }
+    write_tile(
+        &tmp,
+        R.min(g.rows - r0),
+        (NV * 8).min(g.n - t0),
+        g.out.add(t0 * g.out_stride + r0),
+        g.out_stride,
+    );
+}
+
+/// Every (row, activation row) pair: AVX-VNNI 3 rows × 16 activation rows (6 i32 and 6 f32
+/// accumulators); AVX2 4 rows × 8 (4 i16 partials, 4 i32 sums, 4 f32 accumulators), within
+/// the 16 registers.
+#[inline(always)]
+unsafe fn gemm256<D: Dot8, const SPAN: usize, const STEPS: usize>(g: &IGemmArgs) {
+    if D::DIRECT {
+        for_each_micro(g.n, g.rows, 3, 8, |r0, t0, one| {
+            if one {
+                micro256::<D, 3, 1, SPAN, STEPS>(g, r0, t0);
+            } else {
+                micro256::<D, 3, 2, SPAN, STEPS>(g, r0, t0);
+            }
+        });
+    } else {
+        for_each_micro(g.n, g.rows, 4, 4, |r0, t0, _| {
+            micro256::<D, 4, 1, SPAN, STEPS>(g, r0, t0);
+        });
+    }
+}
+
+macro_rules! gemm256_entry {
+    ($name:ident, $features:literal, $D:ty, $span:literal, $steps:literal) => {
+        /// [`gemm`] on a 256-bit level (see [`gemm_fn`] for which format takes it).
+        ///
+        /// # Safety
+        /// As [`gemm`], with this entry's CPU features instead of AVX-512, and the codes
+        /// [`gemm_fn`] pairs it with.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(g: &IGemmArgs) {
+            gemm256::<$D, $span, $steps>(g)
+        }
+    };
+}
+gemm256_entry!(gemm_avxvnni_16, "avx2,fma,f16c,avxvnni", GVnni, 16, 4);
+gemm256_entry!(gemm_avxvnni_32, "avx2,fma,f16c,avxvnni", GVnni, 32, 8);
+// i16 partials: codes < 16 take 8 steps (8·2·15·127 = 30480 < 2^15), < 32 four (31496),
+// < 64 two (32004); Q8_0's signed pairs one.
+gemm256_entry!(gemm_avx2_4bit, "avx2,fma,f16c", GMaddubs, 32, 8);
+gemm256_entry!(gemm_avx2_5bit, "avx2,fma,f16c", GMaddubs, 32, 4);
+gemm256_entry!(gemm_avx2_q6k, "avx2,fma,f16c", GMaddubs, 16, 2);
+gemm256_entry!(gemm_avx2_q8, "avx2,fma,f16c", GMaddubsSigned, 32, 1);
+
+/// The 8-bit GEMM pieces for an ISA level: the activation packer, whether codes are
+/// [`unpack`]'s `small` ones, and the tile kernel for `dtype`.
+pub(super) struct IgemmFns {
+    pub pack: unsafe fn(*const f32, usize, usize, *mut u8, *mut f32, *mut f32),
+    pub small: bool,
+    pub gemm: unsafe fn(&IGemmArgs),
+}
+
+pub(super) fn gemm_fn(isa: super::Isa, dtype: DType) -> IgemmFns {
+    use super::Isa;
+    match isa {
+        Isa::Avx512 => IgemmFns {
+            pack: pack_x,
+            small: false,
+            gemm,
+        },
+        Isa::AvxVnni => IgemmFns {
+            pack: pack_x_portable,
+            small: false,
+            gemm: if dtype == DType::Q6K {
+                gemm_avxvnni_16
+            } else {
+                gemm_avxvnni_32
+            },
+        },
+        _ => IgemmFns {
+            pack: pack_x_portable,
+            small: true,
+            gemm: match dtype {
+                DType::Q8_0 => gemm_avx2_q8,
+                DType::Q6K => gemm_avx2_q6k,
+                DType::Q5_0 | DType::Q5_1 | DType::Q5K => gemm_avx2_5bit,
+                _ => gemm_avx2_4bit,
+            },
+        },
+    }
 }

@@ -32,7 +32,7 @@ impl Mode {
     /// The mode's name with the detected kernel family: `auto` is `exact` off x86.
     pub fn resolved(self) -> &'static str {
         match (self, isa()) {
-            (Mode::Auto, Isa::Avx2 | Isa::Avx512) => "auto",
+            (Mode::Auto, i) if i.is_x86() => "auto",
             (Mode::Auto, _) => "exact",
             (m, _) => m.name(),
         }
@@ -132,7 +132,7 @@ pub fn exact() -> bool {
     match mode() {
         Mode::Exact => true,
         Mode::Fast => false,
-        Mode::Auto => !matches!(isa(), Isa::Avx2 | Isa::Avx512),
+        Mode::Auto => !isa().is_x86(),
     }
 }
 

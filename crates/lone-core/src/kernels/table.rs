@@ -5,7 +5,7 @@ use super::*;
 // ------------------------------------------------------------------ instruction sets
 
 /// A kernel family. [`isa`] is the best one the CPU supports (or `LONE_ISA=scalar|avx2|
-/// avx512|neon` when set and supported); tests and benchmarks can request any available one
+/// avxvnni|avx512|neon` when set and supported); tests and benchmarks can request any available one
 /// through [`matmul_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -13,6 +13,9 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX2 + FMA + F16C + AVX-VNNI (Intel client CPUs since Alder Lake, Zen 5 without
+    /// AVX-512): the AVX2 kernels, with VEX `vpdpbusd` for the 8-bit ones.
+    AvxVnni,
     /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C): 512-bit float kernels, 256-bit
     /// VNNI integer kernels.
     Avx512,
@@ -21,7 +24,7 @@ pub enum Isa {
 }
 
 impl Isa {
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon];
 
     /// Whether this CPU can run the family.
     pub fn is_available(self) -> bool {
@@ -33,6 +36,8 @@ impl Isa {
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => Isa::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.is_available()
@@ -48,6 +53,11 @@ impl Isa {
         }
     }
 
+    /// An x86-64 family (AVX2 or above).
+    pub fn is_x86(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+    }
+
     /// Every family this CPU can run, slowest first.
     pub fn available() -> Vec<Isa> {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
@@ -57,6 +67,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
         }
@@ -160,6 +171,8 @@ pub(super) struct Kernel {
     pub(super) bgemm: bool,
     /// `f` reads the weights in [`packed`]'s rows-by-8 layout ([`Tensor::packed`]).
     pub(super) packed: bool,
+    /// The family the kernel belongs to (the 8-bit GEMM's level).
+    pub(super) isa: Isa,
 }
 
 /// One weight format as the kernel table sees it: its 8-bit activation format and its
@@ -184,14 +197,26 @@ pub(super) struct X86Kernels {
     /// AVX2's factored exact kernel (scales out of the block sums), faster there than the
     /// generic one, and the activations it takes.
     pub(super) fac: Option<(MatFn, Act)>,
-    /// The 8-bit matrix-vector kernel (activations in `act`'s format).
-    pub(super) fast: Option<[MatFn; 2]>,
+    /// The 8-bit matrix-vector kernels (activations in `act`'s format): [AVX2, AVX-VNNI,
+    /// AVX-512].
+    pub(super) fast: Option<[MatFn; 3]>,
 }
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! both {
     ($name:ident, $t:ty) => {
         [x86::avx2::$name as $t, x86::avx512::$name as $t]
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! all3 {
+    ($name:ident) => {
+        [
+            x86::avx2::$name as MatFn,
+            x86::avxvnni::$name as MatFn,
+            x86::avx512::$name as MatFn,
+        ]
     };
 }
 
@@ -217,23 +242,23 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None),
     weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
-        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(both!(q4_0_x8, MatFn))),
+        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8))),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
-        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(both!(q4_1_x8, MatFn))),
+        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8))),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
-        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(both!(q5_0_x8, MatFn))),
+        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8))),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
-        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(both!(q5_1_x8, MatFn))),
+        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8))),
     weight_format!(Q8_0, Some(DType::Q8_0), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
-        fac: Some((x86::fac::q8_0 as MatFn, Act::F32)), fast: Some(both!(q8_0, MatFn))),
+        fac: Some((x86::fac::q8_0 as MatFn, Act::F32)), fast: Some(all3!(q8_0))),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
-        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(both!(q4_k, MatFn))),
+        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k))),
     weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
-        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(both!(q5_k, MatFn))),
+        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k))),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
-        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(both!(q6_k, MatFn))),
+        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k))),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -278,19 +303,20 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         igemm: false,
         bgemm: false,
         packed: false,
+        isa: Isa::Scalar,
     };
     match isa {
         Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => {
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => {
             let mut k = x86_kernel(isa, dtype, fast_act).unwrap_or(scalar);
-            if isa == Isa::Avx2 && k.gemm.is_none() {
-                // No 8-bit GEMM on AVX2 (yet): many rows take the exact f32 GEMM, faster than
-                // the 8-bit matrix-vector kernels' four rows per weight pass.
+            if k.gemm.is_none() {
+                // Many rows take the exact f32 GEMM (faster than the 8-bit matrix-vector
+                // kernels' four rows per weight pass) unless the 8-bit GEMM takes them (below).
                 k.gemm = x86_kernel(isa, dtype, None).and_then(|e| e.gemm);
             }
             k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
-            k.igemm = !exact && isa == Isa::Avx512 && int8::supports(dtype);
+            k.igemm = !exact && int8::supports(dtype);
             if k.igemm {
                 k.gemm = None;
             }
@@ -304,6 +330,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             igemm: false,
             bgemm: false,
             packed: false,
+            isa,
         }),
         #[allow(unreachable_patterns)]
         _ => scalar,
@@ -314,7 +341,13 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
 pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
     let f = format_of(dtype)?;
     let k = &f.x86;
+    // Float and exact kernels: [AVX2 (also AVX-VNNI's), AVX-512]; 8-bit ones: one per level.
     let level = usize::from(isa == Isa::Avx512);
+    let fast_level = match isa {
+        Isa::Avx2 => 0,
+        Isa::AvxVnni => 1,
+        _ => 2,
+    };
     type PackFn = unsafe fn(*const f32, usize, usize, *mut f32);
     let (tile, tb, pack, narrow) = if isa == Isa::Avx512 {
         (
@@ -345,6 +378,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             igemm: false,
             bgemm: false,
             packed: false,
+            isa,
         })
     };
     if let Some(ad) = fast_act {
@@ -352,19 +386,20 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             .fast
             .expect("a format with an 8-bit activation format has 8-bit kernels");
         return Some(Kernel {
-            f: fast[level],
+            f: fast[fast_level],
             act: Act::Quant(ad),
             gemm: None,
             igemm: false,
             bgemm: false,
             packed: packed::packs(dtype),
+            isa,
         });
     }
     let deq = k.deq.map(|d| d[level]);
     // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
     // table-lookup kernels are faster there.
     match k.fac {
-        Some((fac, act)) if isa == Isa::Avx2 => f32k(fac, deq).map(|kern| Kernel { act, ..kern }),
+        Some((fac, act)) if isa != Isa::Avx512 => f32k(fac, deq).map(|kern| Kernel { act, ..kern }),
         _ => f32k(k.exact[level], deq),
     }
 }
@@ -383,7 +418,7 @@ pub(super) struct Active {
 /// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
 /// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
 pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512) && act_format(dtype).is_some()
+    isa.is_x86() && act_format(dtype).is_some()
 }
 
 /// The most rows a speculative verify pass of one sequence takes for `dtype` in this thread's

@@ -75,10 +75,16 @@ fn effective_x(isa: Isa, dtype: DType, exact: bool, x: &[f32], k: usize) -> Vec<
 fn check(isa: Isa, exact: bool, dtype: DType, m: usize, k: usize, n: usize, rng: &mut Rng) {
     let wb = random_weights(rng, dtype, m, k);
     let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
-    let w = Tensor::from_bytes(dtype, vec![m, k], wb);
+    check_product(isa, exact, &Tensor::from_bytes(dtype, vec![m, k], wb), &x, n);
+}
+
+/// `matmul_with(isa, exact, w, x)` against an f64 product of the dequantized weights and the
+/// activations the kernel effectively takes.
+fn check_product(isa: Isa, exact: bool, w: &Tensor, x: &[f32], n: usize) {
+    let (dtype, m, k) = (w.dtype, w.n_rows(), w.row_len());
     let mut out = vec![f32::NAN; n * m];
-    matmul_with(isa, exact, &w, &x, n, &mut out);
-    let xe = effective_x(isa, dtype, exact, &x, k);
+    matmul_with(isa, exact, w, x, n, &mut out);
+    let xe = effective_x(isa, dtype, exact, x, k);
     let mut wrow = vec![0.0f32; k];
     for r in 0..m {
         w.row_to_f32(r, &mut wrow);
@@ -126,6 +132,44 @@ fn every_kernel_matches_the_reference_on_odd_shapes() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The 8-bit paths at the edges of their integer ranges: every quant at its largest (and,
+/// for Q8_0, smallest) code against activations at ±max, where an i16 pair sum in
+/// `vpmaddubsw` would saturate if the codes or the flushes were wrong.
+#[test]
+fn eight_bit_products_do_not_saturate() {
+    let (m, k, n) = (5, 512, 24);
+    for isa in Isa::available() {
+        for dtype in FORMATS.into_iter().filter(|d| d.is_quantized()) {
+            for fill in [0xffu8, 0x81, 0x7f] {
+                let mut rng = Rng(7);
+                let mut wb = random_weights(&mut rng, dtype, m, k);
+                let bb = dtype.block_bytes();
+                // The quant bytes (everything but the scales random_weights set) to `fill`.
+                let scales: Vec<u8> = wb.clone();
+                wb.iter_mut().for_each(|b| *b = fill);
+                for (blk, orig) in wb.chunks_mut(bb).zip(scales.chunks(bb)) {
+                    let keep: &[std::ops::Range<usize>] = match dtype {
+                        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0..2],
+                        DType::Q4_1 | DType::Q5_1 => &[0..4],
+                        DType::Q2K => &[80..84],
+                        DType::Q3K => &[108..110],
+                        DType::Q4K | DType::Q5K => &[0..4],
+                        DType::Q6K => &[208..210],
+                        _ => &[],
+                    };
+                    for r in keep {
+                        blk[r.clone()].copy_from_slice(&orig[r.clone()]);
+                    }
+                }
+                let x: Vec<f32> = (0..n * k)
+                    .map(|i| if (i / 3) % 2 == 0 || fill == 0x7f { 1.0 } else { -1.0 })
+                    .collect();
+                check_product(isa, false, &Tensor::from_bytes(dtype, vec![m, k], wb), &x, n);
             }
         }
     }
@@ -531,7 +575,7 @@ fn gemms_read_the_packed_copy_as_the_original() {
             assert!(w.packed_if_built().is_none());
             let got_exact = run(&w, false, true);
             let got_fast = if igemm { run(&w, true, true) } else { vec![] };
-            if matches!(isa(), Isa::Avx2 | Isa::Avx512) {
+            if isa().is_x86() {
                 assert!(
                     w.packed_if_built().is_some(),
                     "{dtype}: the GEMM packs first"
@@ -643,6 +687,41 @@ fn decode_rows_give_the_same_outputs_in_any_number() {
                 }
             }
         }
+    }
+}
+
+/// The 8-bit GEMM's activation packer of the 256-bit levels writes the AVX-512 one's bytes and
+/// scales (both are ggml's Q8_0 rule): rows of several scales, halfway values, a zero row,
+/// and a partial block of rows (the rest zero).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn activation_packers_agree() {
+    if !Isa::Avx512.is_available() {
+        eprintln!("no AVX-512: nothing to compare the portable packer with");
+        return;
+    }
+    let mut rng = Rng(0x51f1_5eed_0bad_cafe);
+    let k = 96;
+    for rows in [1usize, 7, 32] {
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|i| (rng.f32() - 0.5) * [0.01f32, 1.0, 300.0][i / k % 3])
+            .collect();
+        x[..32].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5);
+        if rows > 3 {
+            x[2 * k..3 * k].fill(0.0);
+        }
+        let (xb, fb) = int8::block_sizes(k);
+        let run = |f: unsafe fn(*const f32, usize, usize, *mut u8, *mut f32, *mut f32)| {
+            let (mut q, mut d, mut s) = (vec![0xAAu8; xb], vec![-1f32; fb], vec![-1f32; fb]);
+            // SAFETY: x holds rows·k f32, the outputs the block sizes; k is a multiple of 32;
+            // AVX-512 checked above (the portable packer needs nothing).
+            unsafe { f(x.as_ptr(), rows, k, q.as_mut_ptr(), d.as_mut_ptr(), s.as_mut_ptr()) };
+            (q, d, s)
+        };
+        let (a, b) = (run(int8::pack_x), run(int8::pack_x_portable));
+        assert_eq!(a.0, b.0, "{rows} rows: codes");
+        assert_eq!(a.1, b.1, "{rows} rows: scales");
+        assert_eq!(a.2, b.2, "{rows} rows: scaled sums");
     }
 }
 

@@ -38,7 +38,7 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             quant8: Some(x86::quantize_q8_avx2),
         },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => VecFns {
+        Isa::Avx2 | Isa::AvxVnni => VecFns {
             exp: x86::exp_avx2,
             mix: x86::avx2::mix,
             mix_f16: x86::avx2::mix_f16,

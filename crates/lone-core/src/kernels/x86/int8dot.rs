@@ -17,6 +17,9 @@ pub(in crate::kernels) trait IDot {
 }
 pub(in crate::kernels) struct Maddubs;
 pub(in crate::kernels) struct Vnni;
+/// AVX-VNNI: the same `vpdpbusd`/`vpdpwssd` in their VEX encodings (Intel client CPUs since
+/// Alder Lake, which have no AVX-512; Zen 5).
+pub(in crate::kernels) struct VnniVex;
 impl IDot for Maddubs {
     #[inline(always)]
     unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
@@ -47,6 +50,25 @@ impl IDot for Vnni {
     #[inline(always)]
     unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn acc_finish(acc: __m256i) -> __m256i {
+        acc
+    }
+}
+
+impl IDot for VnniVex {
+    #[inline(always)]
+    unsafe fn dot(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
+    }
+    #[inline(always)]
+    unsafe fn dot_scaled(acc: __m256i, a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+        _mm256_dpwssd_avx_epi32(acc, _mm256_maddubs_epi16(a, b), scale)
+    }
+    #[inline(always)]
+    unsafe fn acc_dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, a, b)
     }
     #[inline(always)]
     unsafe fn acc_finish(acc: __m256i) -> __m256i {

@@ -1,9 +1,11 @@
-//! x86-64 kernels: AVX2+FMA+F16C, and AVX-512 (F/BW/VL + VNNI).
+//! x86-64 kernels: AVX2+FMA+F16C, AVX-VNNI (AVX2 + VEX `vpdpbusd`), and AVX-512 (F/BW/VL +
+//! VNNI).
 //!
 //! Every kernel body is written once, generic over
 //! - an f32 vector width ([`V8`] = `__m256`, [`V16`] = `__m512`) for the float / exact paths, and
 //! - an 8-bit dot product ([`Maddubs`] = AVX2 `vpmaddubsw`+`vpmaddwd`, [`Vnni`] = AVX-512 VNNI
-//!   `vpdpbusd`/`vpdpwssd` on 256-bit registers) for the integer path,
+//!   `vpdpbusd`/`vpdpwssd` on 256-bit registers, [`VnniVex`] = the same in AVX-VNNI's VEX
+//!   encoding) for the integer path,
 //!
 //! and instantiated inside `#[target_feature]` entry points (bottom of the file), into which
 //! the `#[inline(always)]` bodies and intrinsics are inlined. The integer kernels stay 256-bit
@@ -200,15 +202,22 @@ macro_rules! level {
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
             entry!(exact_q6_k, $features, $q6k);
-            entry!(q4_0_x8, $features, packed_rows::<$D, WQ4_0U>);
-            entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
-            entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
-            entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
-            entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
-            entry!(q4_k, $features, q45k_rows::<$D, false>);
-            entry!(q5_k, $features, q45k_rows::<$D, true>);
-            entry!(q6_k, $features, q6k_rows::<$D>);
+            fast_entries!($features, $D);
         }
+    };
+}
+
+/// The 8-bit matrix-vector kernels (fast mode) of one level, over the dot product `$D`.
+macro_rules! fast_entries {
+    ($features:literal, $D:ty) => {
+        entry!(q4_0_x8, $features, packed_rows::<$D, WQ4_0U>);
+        entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
+        entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
+        entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
+        entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
+        entry!(q4_k, $features, q45k_rows::<$D, false>);
+        entry!(q5_k, $features, q45k_rows::<$D, true>);
+        entry!(q6_k, $features, q6k_rows::<$D>);
     };
 }
 
@@ -236,6 +245,13 @@ level!(
     12,
     deq_leg512
 );
+
+/// The AVX-VNNI level (AVX2 + VEX `vpdpbusd`, no AVX-512): the AVX2 level's float and exact
+/// kernels, its own 8-bit ones.
+pub(crate) mod avxvnni {
+    use super::*;
+    fast_entries!("avx2,fma,f16c,avxvnni", VnniVex);
+}
 
 /// The AVX2 level's factored exact matrix-vector kernels (f32 activations; the ones with an
 /// offset take [`super::Act::F32Sums`] rows).
