@@ -12,7 +12,7 @@
 mod common;
 
 use lone_core::engine::{GenRequest, Scheduler};
-use lone_core::kernels::{self, Isa, Mode};
+use lone_core::kernels::{self, Mode};
 use lone_core::loader::gguf::GgufFile;
 use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::tensor::DType;

@@ -425,7 +425,13 @@ impl Dot8 for GMaddubsSigned {
 /// code words per i16 partial before a flush (AVX2), or straight into i32 (VNNI); then one
 /// scaling per span (`dx` is the same for both groups of a 32-block; the offsets' `sx` add).
 #[inline(always)]
-unsafe fn micro256<D: Dot8, const R: usize, const NV: usize, const SPAN: usize, const STEPS: usize>(
+unsafe fn micro256<
+    D: Dot8,
+    const R: usize,
+    const NV: usize,
+    const SPAN: usize,
+    const STEPS: usize,
+>(
     g: &IGemmArgs,
     r0: usize,
     t0: usize,
@@ -452,9 +458,8 @@ unsafe fn micro256<D: Dot8, const R: usize, const NV: usize, const SPAN: usize, 
                     _mm256_loadu_si256(xq.add(kq * TB * 4 + 32 * v) as *const __m256i)
                 });
                 for r in 0..R {
-                    let w = _mm256_set1_epi32(
-                        (codes[r].add(4 * kq) as *const i32).read_unaligned(),
-                    );
+                    let w =
+                        _mm256_set1_epi32((codes[r].add(4 * kq) as *const i32).read_unaligned());
                     for v in 0..NV {
                         if D::DIRECT {
                             iacc[r][v] = D::step(iacc[r][v], w, xv[v]);

@@ -75,7 +75,13 @@ fn effective_x(isa: Isa, dtype: DType, exact: bool, x: &[f32], k: usize) -> Vec<
 fn check(isa: Isa, exact: bool, dtype: DType, m: usize, k: usize, n: usize, rng: &mut Rng) {
     let wb = random_weights(rng, dtype, m, k);
     let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
-    check_product(isa, exact, &Tensor::from_bytes(dtype, vec![m, k], wb), &x, n);
+    check_product(
+        isa,
+        exact,
+        &Tensor::from_bytes(dtype, vec![m, k], wb),
+        &x,
+        n,
+    );
 }
 
 /// `matmul_with(isa, exact, w, x)` against an f64 product of the dequantized weights and the
@@ -153,23 +159,32 @@ fn eight_bit_products_do_not_saturate() {
                 let scales: Vec<u8> = wb.clone();
                 wb.iter_mut().for_each(|b| *b = fill);
                 for (blk, orig) in wb.chunks_mut(bb).zip(scales.chunks(bb)) {
-                    let keep: &[std::ops::Range<usize>] = match dtype {
-                        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0..2],
-                        DType::Q4_1 | DType::Q5_1 => &[0..4],
-                        DType::Q2K => &[80..84],
-                        DType::Q3K => &[108..110],
-                        DType::Q4K | DType::Q5K => &[0..4],
-                        DType::Q6K => &[208..210],
-                        _ => &[],
+                    let keep = match dtype {
+                        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => 0..2,
+                        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => 0..4,
+                        DType::Q2K => 80..84,
+                        DType::Q3K => 108..110,
+                        DType::Q6K => 208..210,
+                        _ => 0..0,
                     };
-                    for r in keep {
-                        blk[r.clone()].copy_from_slice(&orig[r.clone()]);
-                    }
+                    blk[keep.clone()].copy_from_slice(&orig[keep]);
                 }
                 let x: Vec<f32> = (0..n * k)
-                    .map(|i| if (i / 3) % 2 == 0 || fill == 0x7f { 1.0 } else { -1.0 })
+                    .map(|i| {
+                        if (i / 3) % 2 == 0 || fill == 0x7f {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    })
                     .collect();
-                check_product(isa, false, &Tensor::from_bytes(dtype, vec![m, k], wb), &x, n);
+                check_product(
+                    isa,
+                    false,
+                    &Tensor::from_bytes(dtype, vec![m, k], wb),
+                    &x,
+                    n,
+                );
             }
         }
     }
@@ -706,7 +721,10 @@ fn activation_packers_agree() {
         let mut x: Vec<f32> = (0..rows * k)
             .map(|i| (rng.f32() - 0.5) * [0.01f32, 1.0, 300.0][i / k % 3])
             .collect();
-        x[..32].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5);
+        x[..32]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5);
         if rows > 3 {
             x[2 * k..3 * k].fill(0.0);
         }
@@ -715,7 +733,16 @@ fn activation_packers_agree() {
             let (mut q, mut d, mut s) = (vec![0xAAu8; xb], vec![-1f32; fb], vec![-1f32; fb]);
             // SAFETY: x holds rows·k f32, the outputs the block sizes; k is a multiple of 32;
             // AVX-512 checked above (the portable packer needs nothing).
-            unsafe { f(x.as_ptr(), rows, k, q.as_mut_ptr(), d.as_mut_ptr(), s.as_mut_ptr()) };
+            unsafe {
+                f(
+                    x.as_ptr(),
+                    rows,
+                    k,
+                    q.as_mut_ptr(),
+                    d.as_mut_ptr(),
+                    s.as_mut_ptr(),
+                )
+            };
             (q, d, s)
         };
         let (a, b) = (run(int8::pack_x), run(int8::pack_x_portable));
