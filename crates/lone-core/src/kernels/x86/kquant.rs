@@ -44,6 +44,19 @@ pub(in crate::kernels) unsafe fn pair_shuffle(j: usize) -> __m256i {
 //
 // Q8_K block (292 bytes): d:f32 @0, qs:[i8;256] @4, bsums:[i16;16] @260 (sums of 16 quants).
 
+/// Prefetches the cache lines of the block [`PREFETCH`] bytes past `wb` (`bb` bytes): the
+/// 8-bit K-quant kernels otherwise stall on their weight loads (LFM2-350M Q4_K_M decode on a
+/// 2-vCPU Xeon guest).
+#[inline(always)]
+unsafe fn prefetch_block(wb: *const u8, bb: usize) {
+    let ahead = wb.wrapping_add(PREFETCH);
+    let mut o = 0;
+    while o < bb + 63 {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
 /// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
 /// qh[32], qs[128]).
 #[inline(always)]
@@ -62,6 +75,7 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
         let mut accm = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let wb = w.add(b * bb);
+            prefetch_block(wb, bb);
             let d = f16_at(wb);
             let dmin = f16_at(wb.add(2));
             let (sc8, mn8) = k4_scale_bytes(wb.add(4));
@@ -76,7 +90,9 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
             } else {
                 _mm256_setzero_si256()
             };
-            let mut sumi = [_mm256_setzero_si256(); NX];
+            // Two chains per activation row (low and high nibbles): `vpdpwssd` accumulates
+            // with a latency of several cycles, and one chain of 8 per block bounds a row.
+            let mut sumi = [[_mm256_setzero_si256(); 2]; NX];
             for i in 0..4 {
                 let q = _mm256_loadu_si256(wb.add(qs_off + 32 * i) as *const __m256i);
                 let mut lo = _mm256_and_si256(q, m4);
@@ -96,8 +112,8 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
                     let xq = xs[t].add(b * 292 + 4 + 64 * i);
                     let x0 = _mm256_loadu_si256(xq as *const __m256i);
                     let x1 = _mm256_loadu_si256(xq.add(32) as *const __m256i);
-                    sumi[t] = D::dot_scaled(sumi[t], lo, x0, s_lo);
-                    sumi[t] = D::dot_scaled(sumi[t], hi, x1, s_hi);
+                    sumi[t][0] = D::dot_scaled(sumi[t][0], lo, x0, s_lo);
+                    sumi[t][1] = D::dot_scaled(sumi[t][1], hi, x1, s_hi);
                 }
             }
             for t in 0..NX {
@@ -105,8 +121,8 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
                 let dx = f32_at(xb);
                 let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
                 let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mpairs));
-                acc[t] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx), acc[t]);
+                let si = _mm256_add_epi32(sumi[t][0], sumi[t][1]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(d * dx), acc[t]);
                 accm[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(-dmin * dx), accm[t]);
             }
         }
@@ -133,10 +149,12 @@ pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArg
         let mut acc = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let wb = w.add(b * 210);
+            prefetch_block(wb, 210);
             let d = f16_at(wb.add(208));
             let sc8 = _mm_loadu_si128(wb.add(192) as *const __m128i);
             let sc16 = _mm256_cvtepi8_epi16(sc8);
-            let mut sumi = [_mm256_setzero_si256(); NX];
+            // Two chains per activation row (even and odd sub-blocks), as in Q4_K.
+            let mut sumi = [[_mm256_setzero_si256(); 2]; NX];
             for h in 0..2 {
                 let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
                 let ql1 = _mm256_loadu_si256(wb.add(64 * h + 32) as *const __m256i);
@@ -171,7 +189,7 @@ pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArg
                     for t in 0..NX {
                         let xq = xs[t].add(b * 292 + 4 + 128 * h + 32 * rq);
                         let xv = _mm256_loadu_si256(xq as *const __m256i);
-                        sumi[t] = D::dot_scaled(sumi[t], qv, xv, scv);
+                        sumi[t][rq & 1] = D::dot_scaled(sumi[t][rq & 1], qv, xv, scv);
                     }
                 }
             }
@@ -182,7 +200,7 @@ pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArg
                 // lanes of pair sums: 32 · madd(bsums, scales).
                 let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
                 let offs = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
-                let s = _mm256_sub_epi32(sumi[t], offs);
+                let s = _mm256_sub_epi32(_mm256_add_epi32(sumi[t][0], sumi[t][1]), offs);
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[t]);
             }
         }
