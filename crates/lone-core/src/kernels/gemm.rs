@@ -399,13 +399,17 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
 #[cfg(test)]
 pub(super) fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option<DType> {
     #[cfg(target_arch = "x86_64")]
-    if dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available() && n >= BGEMM_MIN_ROWS {
+    if dtype == DType::BF16 && isa == Isa::Avx512 && bf16::pays() && n >= BGEMM_MIN_ROWS {
         return Some(DType::BF16);
     }
     let ad = act_format(dtype)?;
     #[cfg(target_arch = "x86_64")]
-    if isa.is_x86() && int8::supports(dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
+    if int8::supports(isa, dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
+    }
+    if isa.is_x86() && n >= GEMM_MIN_ROWS {
+        // The f32 GEMM.
+        return None;
     }
     let _ = (isa, n, k);
     Some(ad)

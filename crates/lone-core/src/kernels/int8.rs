@@ -26,19 +26,22 @@ use crate::tensor::DType;
 /// Activation rows per packed block: two 16-lane vectors.
 pub(super) const TB: usize = 32;
 
-/// Formats this path unpacks.
-pub(super) fn supports(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-    )
+/// Formats this path takes on `isa`. Plain AVX2 leaves Q8_0 to the f32 GEMM: its signed
+/// 8-bit codes need `vpsignb` twice and a flush per `vpmaddubsw`, slower than the f32 FMA
+/// GEMM (LFM2-350M pp512 260-268 against 268-284 tok/s, Qwen2.5-0.5B 203 against 215).
+pub(super) fn supports(isa: super::Isa, dtype: DType) -> bool {
+    (isa.is_x86()
+        && matches!(
+            dtype,
+            DType::Q4_0
+                | DType::Q4_1
+                | DType::Q5_0
+                | DType::Q5_1
+                | DType::Q4K
+                | DType::Q5K
+                | DType::Q6K
+        ))
+        || (dtype == DType::Q8_0 && matches!(isa, super::Isa::AvxVnni | super::Isa::Avx512))
 }
 
 /// Packed activation block sizes for `k` elements: (bytes of `xq`, f32 of `dx`, of `sx`).
@@ -167,9 +170,8 @@ pub(super) unsafe fn pack_x_portable(
 /// per group of 16 `dw`, `cw` (k/16 f32 each): weight = `dw · code + cw`.
 ///
 /// `small` (AVX2's `vpmaddubsw`, whose i16 pair sums saturate): codes stay below 64 — Q4_0,
-/// Q5_0 and Q6_K keep their unsigned quants with the zero point in `cw` — and Q8_0's codes
-/// are its signed quants (the kernel takes their signs apart). Otherwise signed quants `q`
-/// become `q + 128` with `cw = -128·dw`.
+/// Q5_0 and Q6_K keep their unsigned quants with the zero point in `cw` (Q8_0 is not taken
+/// there, [`supports`]). Otherwise signed quants `q` become `q + 128` with `cw = -128·dw`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `src` holds the row; outputs hold the sizes above; `dtype`
@@ -186,14 +188,13 @@ pub(super) unsafe fn unpack(
     small: bool,
 ) {
     match (dtype, small) {
-        (DType::Q4_0, false) => unpack_legacy::<WQ4_0, false>(src, k, codes, dw, cw),
-        (DType::Q4_0, true) => unpack_legacy::<WQ4_0U, true>(src, k, codes, dw, cw),
-        (DType::Q4_1, _) => unpack_legacy::<WQ4_1, false>(src, k, codes, dw, cw),
-        (DType::Q5_0, false) => unpack_legacy::<WQ5_0, false>(src, k, codes, dw, cw),
-        (DType::Q5_0, true) => unpack_legacy::<WQ5_0U, true>(src, k, codes, dw, cw),
-        (DType::Q5_1, _) => unpack_legacy::<WQ5_1, false>(src, k, codes, dw, cw),
-        (DType::Q8_0, false) => unpack_legacy::<WQ8_0, false>(src, k, codes, dw, cw),
-        (DType::Q8_0, true) => unpack_legacy::<WQ8_0, true>(src, k, codes, dw, cw),
+        (DType::Q4_0, false) => unpack_legacy::<WQ4_0>(src, k, codes, dw, cw),
+        (DType::Q4_0, true) => unpack_legacy::<WQ4_0U>(src, k, codes, dw, cw),
+        (DType::Q4_1, _) => unpack_legacy::<WQ4_1>(src, k, codes, dw, cw),
+        (DType::Q5_0, false) => unpack_legacy::<WQ5_0>(src, k, codes, dw, cw),
+        (DType::Q5_0, true) => unpack_legacy::<WQ5_0U>(src, k, codes, dw, cw),
+        (DType::Q5_1, _) => unpack_legacy::<WQ5_1>(src, k, codes, dw, cw),
+        (DType::Q8_0, _) => unpack_legacy::<WQ8_0>(src, k, codes, dw, cw),
         (DType::Q4K, _) => unpack_k::<XQ4K, false>(src, k, codes, dw, cw),
         (DType::Q5K, _) => unpack_k::<XQ5K, false>(src, k, codes, dw, cw),
         (DType::Q6K, small) => {
@@ -207,10 +208,10 @@ pub(super) unsafe fn unpack(
     }
 }
 
-/// Signed quants `q` become codes `q + 128` with `cw = -128·dw` (or, `SMALL`, stay signed);
-/// unsigned ones stay, with the block's min as `cw`.
+/// Signed quants `q` become codes `q + 128` with `cw = -128·dw`; unsigned ones stay, with
+/// the block's min as `cw`.
 #[inline(always)]
-unsafe fn unpack_legacy<W: LegacyW, const SMALL: bool>(
+unsafe fn unpack_legacy<W: LegacyW>(
     src: *const u8,
     k: usize,
     codes: *mut u8,
@@ -219,10 +220,8 @@ unsafe fn unpack_legacy<W: LegacyW, const SMALL: bool>(
 ) {
     for b in 0..k / 32 {
         let (q, d, m) = W::decode(src.add(b * W::BB));
-        let (c, off) = if W::SIGNED && !SMALL {
+        let (c, off) = if W::SIGNED {
             (_mm256_xor_si256(q, _mm256_set1_epi8(-128)), -128.0 * d)
-        } else if W::SIGNED {
-            (q, 0.0)
         } else {
             (q, m)
         };
@@ -378,10 +377,6 @@ struct GVnni;
 /// AVX2 `vpmaddubsw` into i16 pair sums, codes below 64 ([`unpack`]'s `small`); the caller
 /// flushes them (`vpmaddwd` by ones) before they could pass 2^15 ([`steps_for`]).
 struct GMaddubs;
-/// AVX2, Q8_0's signed codes: `|w|` times `x` with `w`'s sign (`vpsignb`), as ggml's
-/// `mul_sum_i8_pairs`; pairs reach 2·127·127, so every step is flushed.
-struct GMaddubsSigned;
-
 impl Dot8 for GVnni {
     const DIRECT: bool = true;
     #[inline(always)]
@@ -404,21 +399,6 @@ impl Dot8 for GMaddubs {
         _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
     }
 }
-impl Dot8 for GMaddubsSigned {
-    const DIRECT: bool = false;
-    #[inline(always)]
-    unsafe fn step(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
-        _mm256_add_epi16(
-            p,
-            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-        )
-    }
-    #[inline(always)]
-    unsafe fn flush(acc: __m256i, p: __m256i) -> __m256i {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-    }
-}
-
 /// One micro-tile: `R` weight rows × `NV` vectors of 8 activation rows. Per span of `SPAN`
 /// elements (32 where the format's scale and offset are the same for both 16-element groups
 /// of each 32 — every format but Q6_K — else 16) the integer sums run in registers: `STEPS`
@@ -543,11 +523,10 @@ macro_rules! gemm256_entry {
 gemm256_entry!(gemm_avxvnni_16, "avx2,fma,f16c,avxvnni", GVnni, 16, 4);
 gemm256_entry!(gemm_avxvnni_32, "avx2,fma,f16c,avxvnni", GVnni, 32, 8);
 // i16 partials: codes < 16 take 8 steps (8·2·15·127 = 30480 < 2^15), < 32 four (31496),
-// < 64 two (32004); Q8_0's signed pairs one.
+// < 64 two (32004).
 gemm256_entry!(gemm_avx2_4bit, "avx2,fma,f16c", GMaddubs, 32, 8);
 gemm256_entry!(gemm_avx2_5bit, "avx2,fma,f16c", GMaddubs, 32, 4);
 gemm256_entry!(gemm_avx2_q6k, "avx2,fma,f16c", GMaddubs, 16, 2);
-gemm256_entry!(gemm_avx2_q8, "avx2,fma,f16c", GMaddubsSigned, 32, 1);
 
 /// The 8-bit GEMM pieces for an ISA level: the activation packer, whether codes are
 /// [`unpack`]'s `small` ones, and the tile kernel for `dtype`.
@@ -578,7 +557,6 @@ pub(super) fn gemm_fn(isa: super::Isa, dtype: DType) -> IgemmFns {
             pack: pack_x_portable,
             small: true,
             gemm: match dtype {
-                DType::Q8_0 => gemm_avx2_q8,
                 DType::Q6K => gemm_avx2_q6k,
                 DType::Q5_0 | DType::Q5_1 | DType::Q5K => gemm_avx2_5bit,
                 _ => gemm_avx2_4bit,

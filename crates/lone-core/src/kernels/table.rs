@@ -315,8 +315,8 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
                 // kernels' four rows per weight pass) unless the 8-bit GEMM takes them (below).
                 k.gemm = x86_kernel(isa, dtype, None).and_then(|e| e.gemm);
             }
-            k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::available();
-            k.igemm = !exact && int8::supports(dtype);
+            k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::pays();
+            k.igemm = !exact && int8::supports(isa, dtype);
             if k.igemm {
                 k.gemm = None;
             }
