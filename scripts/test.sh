@@ -7,7 +7,10 @@ scripts/fetch-default-model.sh
 cargo test --workspace --release 2>&1
 # The model-level tests again on the other kernel families this CPU has (the kernel unit tests
 # already cover every family; this catches the paths that only a whole model exercises).
-for isa in avx2 scalar; do
+isas="avx2 scalar"
+# AVX-VNNI (Intel since Alder Lake, Zen 5) is its own family of 8-bit kernels.
+if grep -qw avx_vnni /proc/cpuinfo 2>/dev/null; then isas="avxvnni $isas"; fi
+for isa in $isas; do
   LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
     --test smollm2 --test sharded --test batch_invariance --test packed_memory 2>&1
 done
