@@ -30,9 +30,7 @@ pub(super) fn available() -> bool {
 /// (LFM2-350M BF16 pp512 on a 2-vCPU Xeon guest: 289 against 400 tok/s); AMD's Zen 4 ran it
 /// 1.2-1.8× faster than llama.cpp.
 pub(super) fn pays() -> bool {
-    let v = __cpuid(0);
-    let intel = [v.ebx, v.edx, v.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
-    available() && !intel
+    available() && !super::x86::intel()
 }
 
 /// u32 (bf16 pairs) in one packed block for rows of `k` elements.

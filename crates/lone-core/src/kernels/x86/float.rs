@@ -49,12 +49,21 @@ impl FloatW for WBF16 {
 
 /// How far ahead [`float_rows_n`] prefetches the weight rows with several activation rows.
 /// Decode verify passes of an F16 SmolLM2-135M (4 rows, `lone run --model-draft`): 22–23 ms
-/// without, 19–20 ms at 1–4 KiB. One row stays without: there the hardware prefetcher keeps
-/// up, and the prefetches cost it 15 % (12–13 against 14–16 ms per token).
+/// without, 19–20 ms at 1–4 KiB. With one row it depends on the CPU's own prefetcher: on AMD
+/// Zen 4 it keeps up and the prefetches cost 15 % (12–13 against 14–16 ms per token); on an
+/// Intel Xeon they gain 19 % (Qwen2.5-0.5B F16 decode 18.8–19.2 → 22.5–22.7 tok/s), so Intel
+/// CPUs prefetch for one row too ([`super::intel`]).
 const FLOAT_PREFETCH: usize = 2048;
 
 #[inline(always)]
-pub(in crate::kernels) unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usize>(a: &MatArgs) {
+pub(in crate::kernels) unsafe fn float_rows_n<
+    V: F32V,
+    W: FloatW,
+    const NX: usize,
+    const ONE_ROW_PREFETCH: bool,
+>(
+    a: &MatArgs,
+) {
     let l = V::LANES;
     let k = a.k;
     for r in 0..a.rows {
@@ -63,7 +72,7 @@ pub(in crate::kernels) unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usiz
         let mut acc = [[V::zero(); 4]; NX];
         let mut i = 0;
         while i + 4 * l <= k {
-            if NX >= 2 {
+            if NX >= 2 || ONE_ROW_PREFETCH {
                 // With several activation rows the core is busy multiplying and the hardware
                 // prefetcher alone falls behind: prefetch each cache line of this step.
                 let mut o = 0;
@@ -102,5 +111,14 @@ pub(in crate::kernels) unsafe fn float_rows_n<V: F32V, W: FloatW, const NX: usiz
 
 #[inline(always)]
 pub(in crate::kernels) unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
-    by_nx!(a, float_rows_n, V, W)
+    if a.nx == 1 && super::intel() {
+        float_rows_n::<V, W, 1, true>(a)
+    } else {
+        match a.nx {
+            1 => float_rows_n::<V, W, 1, false>(a),
+            2 => float_rows_n::<V, W, 2, false>(a),
+            3 => float_rows_n::<V, W, 3, false>(a),
+            _ => float_rows_n::<V, W, 4, false>(a),
+        }
+    }
 }

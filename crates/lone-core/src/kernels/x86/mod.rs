@@ -64,6 +64,17 @@ pub(super) use quant8::*;
 pub(super) use simd::*;
 pub(super) use vec::*;
 
+/// Whether the CPU is an Intel one (CPUID vendor "GenuineIntel"), read once: where the best
+/// kernel choice differs between vendors' cores for the same instructions (`bf16::pays`,
+/// [`float_rows_n`]'s one-row prefetch).
+pub(in crate::kernels) fn intel() -> bool {
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(|| {
+        let v = __cpuid(0);
+        [v.ebx, v.edx, v.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e]
+    })
+}
+
 // ------------------------------------------------------------------ entry points
 
 macro_rules! entry {
