@@ -77,7 +77,7 @@ pub(in crate::kernels) unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const 
         let mut acc = [[V::zero(); 4]; NX];
         for b in 0..nb {
             if b % 2 == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * W::BB + PREFETCH) as *const i8);
             }
             let (q, d, m) = W::decode(w.add(b * W::BB));
             _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
@@ -260,7 +260,9 @@ pub(in crate::kernels) unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: u
         let mut acc = [[V::zero(); 4]; NX];
         for b in 0..nb {
             for l in 0..W::BB.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.wrapping_add(b * W::BB + PREFETCH + 64 * l) as *const i8
+                );
             }
             W::decode(w.add(b * W::BB), &mut qb, &mut ds, &mut ms);
             for g in 0..256 / W::GROUP {
@@ -292,8 +294,9 @@ pub(in crate::kernels) unsafe fn exact_k_rows<V: F32V, W: KExactW>(a: &MatArgs) 
     by_nx!(a, exact_k_rows_n, V, W)
 }
 
-/// How far ahead (bytes) the exact kernels prefetch the weight stream (LFM2-350M decode on the
-/// dev machine: 4 KiB beat 1, 2 and 8 KiB by 2–5 %).
+/// How far ahead (bytes) the kernels prefetch the weight stream (LFM2-350M decode on the AMD
+/// dev machine: 4 KiB beat 1, 2 and 8 KiB by 2–5 %; on a 2-vCPU Xeon guest 8 KiB looked 0–8 %
+/// faster for Q8_0/Q4_0, within its noise, and a distance read at run time cost 25 %).
 pub(in crate::kernels) const PREFETCH: usize = 4096;
 
 /// AVX-512 exact Q4_K, as [`exact_k45_lut_n`] but straight from the packed bytes: `vpermps`
@@ -313,9 +316,9 @@ pub(in crate::kernels) unsafe fn exact_q4k_lut_n<const NX: usize>(a: &MatArgs) {
         let mut acc = [[_mm512_setzero_ps(); 4]; NX];
         for b in 0..nb {
             let wb = w.add(b * 144);
-            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 128) as *const i8);
             k4_scales(wb, &mut ds, &mut ms);
             for i in 0..4 {
                 let raw: [__m512i; 2] = core::array::from_fn(|h| {
@@ -498,7 +501,7 @@ pub(in crate::kernels) unsafe fn exact_leg512_n<W: Leg512, const NX: usize>(a: &
         let mut b = 0;
         while b + 2 <= nb {
             // Two blocks are at most 68 bytes: one line ahead per step keeps up.
-            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * W::BB + PREFETCH) as *const i8);
             block!(b, 0);
             block!(b + 1, 2);
             b += 2;
@@ -536,7 +539,7 @@ pub(in crate::kernels) unsafe fn exact_q6k_512_n<const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             let p = w.add(b * 210);
             for l in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             let d = _mm512_set1_ps(f16_at(p.add(208)));
             let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
@@ -623,7 +626,7 @@ pub(in crate::kernels) unsafe fn exact_q5k_lut_n<const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             let wb = w.add(b * 176);
             for l in 0..3 {
-                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             k4_scales(wb, &mut ds, &mut ms);
             let qh: [__m512i; 2] = core::array::from_fn(|h| {
@@ -693,7 +696,7 @@ pub(in crate::kernels) unsafe fn exact_q4k_v8_n<const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             let wb = w.add(b * 144);
             for l in 0..3 {
-                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             k4_scales(wb, &mut ds, &mut ms);
             for i in 0..4 {

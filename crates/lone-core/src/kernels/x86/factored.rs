@@ -164,7 +164,7 @@ pub(in crate::kernels) unsafe fn fac_legacy_rows_n<W: FacW, const NX: usize>(a: 
         let mut off = [0.0f32; NX];
         let mut b = 0;
         while b + 2 <= nb {
-            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * W::BB + PREFETCH) as *const i8);
             fac_block::<W, NX>(w, b, &xs, a.k, &mut a0, &mut off);
             fac_block::<W, NX>(w, b + 1, &xs, a.k, &mut a1, &mut off);
             b += 2;
@@ -204,7 +204,7 @@ pub(in crate::kernels) unsafe fn fac_k45_rows_n<const FIVE: bool, const NX: usiz
         for b in 0..nb {
             let wb = w.add(b * bb);
             for l in 0..bb.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             k4_scales(wb, &mut ds, &mut ms);
             let mv = _mm256_loadu_ps(ms.as_ptr());
@@ -271,7 +271,7 @@ pub(in crate::kernels) unsafe fn fac_q6k_rows_n<const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             let wb = w.add(b * 210);
             for l in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             XQ6K::decode(wb, &mut qb, &mut ds, &mut ms);
             // Pairs of groups, one accumulator each (a constant index: registers, not a

@@ -235,7 +235,7 @@ pub(in crate::kernels) unsafe fn legacy_rows_n<D: IDot, W: LegacyW, const NX: us
         let (mut m0, mut m1) = ([0.0f32; NX], [0.0f32; NX]);
         let mut b = 0;
         while b + 2 <= nb {
-            _mm_prefetch::<_MM_HINT_T0>(w.add(b * W::BB + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * W::BB + PREFETCH) as *const i8);
             legacy_block::<D, W, NX>(w, b, nb, &xs, &mut a0, &mut m0);
             legacy_block::<D, W, NX>(w, b + 1, nb, &xs, &mut a1, &mut m1);
             b += 2;
@@ -302,7 +302,7 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
         for b in 0..nb {
             let p = base.add(b * gb);
             for l in 0..gb.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
             let mv = if W::F16S == 2 {
