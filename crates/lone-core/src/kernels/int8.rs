@@ -106,18 +106,35 @@ pub(super) unsafe fn pack_x(
             let dq = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
                 _mm_set_ss(d),
             )));
-            for h in 0..2 {
-                let sum: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
-                let g = 2 * b + h;
-                *dx.add(g * TB + t) = dq;
-                *sx.add(g * TB + t) = dq * sum as f32;
-            }
-            for j in 0..8 {
-                let kq = 8 * b + j;
-                let w = (q.as_ptr().add(4 * j) as *const u32).read_unaligned();
-                (xq.add((kq * TB + t) * 4) as *mut u32).write_unaligned(w);
-            }
+            store_block(&q, dq, b, t, xq, dx, sx);
         }
+    }
+}
+
+/// Stores block `b` (quants `q`, stored scale `dq`) of activation row `t` in the packed layout:
+/// its 8 words of 4 quants, and per group of 16 `dx = dq` and `sx = dq · Σq`.
+///
+/// # Safety
+/// The outputs hold one packed block ([`block_sizes`]) and `b`, `t` lie inside it.
+#[inline(always)]
+unsafe fn store_block(
+    q: &[i8; 32],
+    dq: f32,
+    b: usize,
+    t: usize,
+    xq: *mut u8,
+    dx: *mut f32,
+    sx: *mut f32,
+) {
+    for h in 0..2 {
+        let sum: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
+        let g = 2 * b + h;
+        *dx.add(g * TB + t) = dq;
+        *sx.add(g * TB + t) = dq * sum as f32;
+    }
+    for j in 0..8 {
+        let w = (q.as_ptr().add(4 * j) as *const u32).read_unaligned();
+        (xq.add(((8 * b + j) * TB + t) * 4) as *mut u32).write_unaligned(w);
     }
 }
 
@@ -134,7 +151,6 @@ pub(super) unsafe fn pack_x_portable(
     dx: *mut f32,
     sx: *mut f32,
 ) {
-    let groups = k / 16;
     let mut blk = [0u8; 34];
     for t in 0..TB {
         for b in 0..k / 32 {
@@ -151,19 +167,9 @@ pub(super) unsafe fn pack_x_portable(
             } else {
                 0.0
             };
-            for h in 0..2 {
-                let sum: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
-                let g = 2 * b + h;
-                *dx.add(g * TB + t) = dq;
-                *sx.add(g * TB + t) = dq * sum as f32;
-            }
-            for j in 0..8 {
-                let w = (q.as_ptr().add(4 * j) as *const u32).read_unaligned();
-                (xq.add((8 * b + j) * TB * 4 + t * 4) as *mut u32).write_unaligned(w);
-            }
+            store_block(&q, dq, b, t, xq, dx, sx);
         }
     }
-    debug_assert_eq!(groups * 16, k);
 }
 
 /// Unpack one weight row of `k` elements (whole blocks of `dtype`) into codes (`k` bytes) and
