@@ -190,6 +190,37 @@ def test_several_ggufs_without_a_tag_and_no_q4_k_m_says_which_exist(hub, tmp_pat
     assert p.returncode == 1 and "no GGUF file tagged Q2_K" in p.stderr
 
 
+def test_a_split_gguf_is_pulled_whole_and_runs_from_its_first_part(hub, tmp_path):
+    # The parts as llama-gguf-split writes them (crates/lone/tests/split.rs checks that lone
+    # gguf-split writes the same bytes), in a quant folder as Hub repos keep large quants,
+    # beside a single-file quant and a multimodal projector that must not be picked.
+    whole = FIX / "lfm2_a" / "model-q8_0.gguf"
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run([str(LONE), "gguf-split", "--split-max-tensors", "6", str(whole),
+                    str(work / "tiny-Q8_0")], check=True, capture_output=True)
+    parts = sorted(work.iterdir())
+    assert len(parts) > 2
+    files = {f"Q8_0/{p.name}".encode(): p.read_bytes() for p in parts}
+    files[b"tiny-F16.gguf"] = (FIX / "lfm2_a" / "model-f16.gguf").read_bytes()
+    files[b"mmproj-tiny-Q8_0.gguf"] = b"GGUF not a language model"
+    commit = hub.add("org/split-GGUF", files)
+    cache = tmp_path / "cache"
+    p = lone(hub, cache, "pull", "org/split-GGUF:Q8_0")
+    path = Path(p.stdout.strip())
+    snap = cache / "models--org--split-GGUF" / "snapshots" / commit
+    assert path == snap / "Q8_0" / parts[0].name
+    assert sorted(q.name for q in (snap / "Q8_0").iterdir()) == [q.name for q in parts]
+    assert not (snap / "mmproj-tiny-Q8_0.gguf").exists()
+    args = ["--prompt-ids", "1,2,3", "-n", "4", "--ignore-eos", "--json"]
+    got = lone(hub, cache, "run", "--model", "org/split-GGUF:Q8_0", *args)
+    want = lone(hub, cache, "run", "--model", str(whole), *args)
+    assert json.loads(got.stdout)["generated_ids"] == json.loads(want.stdout)["generated_ids"]
+    # Offline, the cached parts resolve the same way.
+    p = lone(hub, cache, "pull", "org/split-GGUF:Q8_0", env={"HF_HUB_OFFLINE": "1"})
+    assert Path(p.stdout.strip()) == path
+
+
 def test_an_interrupted_transfer_resumes_with_a_range_request(hub, tmp_path):
     _, files = gguf_repo(hub)
     hub.cut_once.add("tiny-F16.gguf")

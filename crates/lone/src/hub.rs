@@ -167,22 +167,48 @@ fn has_tag(f: &str, q: &str) -> bool {
     false
 }
 
+fn is_projector(f: &str) -> bool {
+    let name = f.rsplit('/').next().unwrap_or(f);
+    name.to_ascii_lowercase().starts_with("mmproj")
+}
+
+/// `files`, when they are exactly the parts of one split GGUF (`…-00001-of-0000N.gguf` …),
+/// first part first.
+fn one_split(files: &[&str]) -> Option<Vec<String>> {
+    let mut sorted = files.to_vec();
+    sorted.sort_unstable();
+    let parts = lone_core::loader::gguf::split_parts_by_name(Path::new(sorted.first()?))?;
+    let parts: Vec<String> = parts
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    (parts == sorted).then_some(parts)
+}
+
 /// Which of a repo's files to fetch, and the file to hand to the loader (a GGUF, or the
 /// snapshot directory for a checkpoint).
 fn choose(r: &RepoRef, files: &[&str]) -> Result<(Vec<String>, Option<String>)> {
-    let ggufs: Vec<&str> = files
+    let mut ggufs: Vec<&str> = files
         .iter()
         .copied()
         .filter(|f| f.to_ascii_lowercase().ends_with(".gguf"))
         .collect();
+    // Multimodal projectors (`mmproj-*.gguf`) are not language models to pick.
+    if ggufs.iter().any(|f| !is_projector(f)) {
+        ggufs.retain(|f| !is_projector(f));
+    }
     if !ggufs.is_empty() {
         let pick =
             |q: &str| -> Vec<&str> { ggufs.iter().copied().filter(|f| has_tag(f, q)).collect() };
         let chosen = match &r.quant {
             Some(q) => pick(q),
-            None if ggufs.len() == 1 => ggufs.clone(),
+            None if ggufs.len() == 1 || one_split(&ggufs).is_some() => ggufs.clone(),
             None => pick("Q4_K_M"),
         };
+        if let Some(parts) = one_split(&chosen) {
+            let first = parts[0].clone();
+            return Ok((parts, Some(first)));
+        }
         return match chosen.as_slice() {
             [one] => Ok((vec![one.to_string()], Some(one.to_string()))),
             [] => bail!(
@@ -603,5 +629,48 @@ mod tests {
         assert!(!has_tag("LFM2-350M-Q4_0.gguf", "Q4_K_M"));
         assert!(has_tag("m-F16.gguf", "f16"));
         assert!(!has_tag("m-BF16.gguf", "f16"));
+    }
+
+    #[test]
+    fn split_files_are_fetched_together_and_projectors_skipped() {
+        let files = [
+            "README.md",
+            "mmproj-F16.gguf",
+            "m-F16.gguf",
+            "Q8_0/m-Q8_0-00001-of-00002.gguf",
+            "Q8_0/m-Q8_0-00002-of-00002.gguf",
+            "m-Q4_K_M.gguf",
+        ];
+        let pick = |quant: Option<&str>| {
+            let r = RepoRef {
+                quant: quant.map(str::to_string),
+                ..RepoRef::parse("org/m-GGUF").unwrap()
+            };
+            choose(&r, &files)
+        };
+        let (get, entry) = pick(Some("Q8_0")).unwrap();
+        assert_eq!(
+            get,
+            [
+                "Q8_0/m-Q8_0-00001-of-00002.gguf",
+                "Q8_0/m-Q8_0-00002-of-00002.gguf"
+            ]
+        );
+        assert_eq!(entry.as_deref(), Some("Q8_0/m-Q8_0-00001-of-00002.gguf"));
+        let (get, _) = pick(Some("F16")).unwrap();
+        assert_eq!(get, ["m-F16.gguf"], "the projector is not a candidate");
+        assert_eq!(pick(None).unwrap().0, ["m-Q4_K_M.gguf"]);
+        // One split alone needs no tag; an incomplete one is not a split.
+        let (get, _) = choose(
+            &RepoRef::parse("org/m").unwrap(),
+            &["b-00002-of-00002.gguf", "b-00001-of-00002.gguf"],
+        )
+        .unwrap();
+        assert_eq!(get, ["b-00001-of-00002.gguf", "b-00002-of-00002.gguf"]);
+        assert!(choose(
+            &RepoRef::parse("org/m:Q8_0").unwrap(),
+            &["m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00002-of-00003.gguf"]
+        )
+        .is_err());
     }
 }

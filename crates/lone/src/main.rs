@@ -60,6 +60,8 @@ enum Command {
     /// Write a GGUF file from a HF checkpoint or another GGUF, at a chosen type (as
     /// convert_hf_to_gguf.py and llama-quantize do).
     Convert(cmd::convert::ConvertArgs),
+    /// Split a GGUF file into parts or merge them back (as llama-gguf-split).
+    GgufSplit(cmd::gguf_split::GgufSplitArgs),
     /// Compute an importance matrix from calibration text (as llama-imatrix), for
     /// `lone convert --imatrix`.
     Imatrix(cmd::imatrix::ImatrixArgs),
@@ -148,6 +150,7 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::GgufSplit(a) => cmd::gguf_split::run(a),
         Command::Imatrix(a) => cmd::imatrix::run(a),
         Command::Pull(a) => cmd::hub::pull(a),
         Command::Ls(a) => cmd::hub::ls(a),

@@ -16,6 +16,7 @@ pub mod mix;
 pub mod naming;
 mod pre_table;
 pub mod search;
+pub mod split;
 pub mod vocab;
 
 use std::io::{BufWriter, Write};

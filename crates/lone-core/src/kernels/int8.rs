@@ -19,7 +19,7 @@
 
 use core::arch::x86_64::*;
 
-use super::x86::{for_each_micro, write_acc512, write_tile, WQ5_1, WQ8_0, XQ5K, XQ6K};
+use super::x86::{for_each_micro, write_acc256, write_acc512, WQ5_1, WQ8_0, XQ5K, XQ6K};
 use super::x86::{KExactW, LegacyW, WQ4_0, WQ4_0U, WQ4_1, WQ5_0, WQ5_0U, XQ4K};
 use crate::tensor::DType;
 
@@ -478,14 +478,8 @@ unsafe fn micro256<
             }
         }
     }
-    let mut tmp = [[0.0f32; 32]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            _mm256_storeu_ps(tmp[r].as_mut_ptr().add(8 * v), acc[r][v]);
-        }
-    }
-    write_tile(
-        &tmp,
+    write_acc256(
+        &acc,
         R.min(g.rows - r0),
         (NV * 8).min(g.n - t0),
         g.out.add(t0 * g.out_stride + r0),

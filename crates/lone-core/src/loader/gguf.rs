@@ -11,6 +11,39 @@ use crate::tensor::{ggml_type_name, DType, Tensor};
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 
+/// llama.cpp's split keys (`llama-gguf-split`).
+pub const SPLIT_NO: &str = "split.no";
+pub const SPLIT_COUNT: &str = "split.count";
+pub const SPLIT_TENSORS: &str = "split.tensors.count";
+
+/// Part `i` (0-based) of an `n`-part split named from `prefix`: `PREFIX-0000{i+1}-of-0000N.gguf`
+/// (llama.cpp's `llama_split_path`).
+pub fn split_path(prefix: &str, i: usize, n: usize) -> PathBuf {
+    PathBuf::from(format!("{prefix}-{:05}-of-{n:05}.gguf", i + 1))
+}
+
+/// The prefix of part `i` of `n` if `path` is named as [`split_path`] names it (llama.cpp's
+/// `llama_split_prefix`).
+pub fn split_prefix(path: &Path, i: usize, n: usize) -> Option<String> {
+    let s = path.to_str()?;
+    let post = format!("-{:05}-of-{n:05}.gguf", i + 1);
+    (s.len() > post.len() && s.ends_with(&post)).then(|| s[..s.len() - post.len()].to_string())
+}
+
+/// The parts of a split named as [`split_path`] names them when `path` is a first part
+/// (`…-00001-of-0000N.gguf`, N > 1), by name alone; `None` for any other name.
+pub fn split_parts_by_name(path: &Path) -> Option<Vec<PathBuf>> {
+    let s = path.to_str()?;
+    let tail = s.strip_suffix(".gguf")?;
+    let (head, n) = tail.rsplit_once("-of-")?;
+    let (prefix, i) = head.rsplit_once('-')?;
+    if n.len() != 5 || i != "00001" || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: usize = n.parse().ok()?;
+    (n > 1).then(|| (0..n).map(|i| split_path(prefix, i, n)).collect())
+}
+
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetaValue {
@@ -88,12 +121,16 @@ pub struct GgufTensorInfo {
     /// Row-major shape (outermost first); GGUF stores it innermost first.
     pub shape: Vec<usize>,
     pub dtype: DType,
-    /// Absolute byte offset in the file.
+    /// Which part of a split file holds it (0 for an unsplit file).
+    pub file: usize,
+    /// Absolute byte offset in that part.
     pub offset: usize,
     pub len: usize,
 }
 
-/// An opened GGUF file: metadata plus tensors that borrow the memory map.
+/// An opened GGUF file: metadata plus tensors that borrow the memory map. A file split by
+/// `llama-gguf-split` (`NAME-00001-of-0000N.gguf` …) opens from its first part as one file:
+/// the metadata is the first part's, the tensors those of every part.
 pub struct GgufFile {
     pub path: PathBuf,
     pub version: u32,
@@ -101,7 +138,10 @@ pub struct GgufFile {
     /// The metadata keys in the order the file lists them (what a rewriter keeps).
     pub kv_order: Vec<String>,
     pub tensors: Vec<GgufTensorInfo>,
-    map: Arc<Mmap>,
+    /// Every part's path (one for an unsplit file).
+    pub parts: Vec<PathBuf>,
+    /// Each part's memory map.
+    maps: Vec<Arc<Mmap>>,
     /// `map` is the file mapped shared (not a copy in memory).
     file_backed: bool,
 }
@@ -192,6 +232,15 @@ impl<'a> Reader<'a> {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
+        let mut g = Self::open_part(path)?;
+        let n = g.split_count();
+        if n > 1 {
+            g.open_other_parts(n)?;
+        }
+        Ok(g)
+    }
+
+    fn open_part(path: &Path) -> Result<GgufFile> {
         let file = crate::error::open_regular(path)?;
         // SAFETY: the file is mapped read-only; lone never writes to model files while they are
         // loaded. A concurrent writer could change what we read, as with any mmap-based loader.
@@ -199,6 +248,95 @@ impl GgufFile {
         let mut g = Self::parse(path, Arc::new(map))?;
         g.file_backed = true;
         Ok(g)
+    }
+
+    /// `split.count` (llama.cpp's u16; 0 and 1 mean not split).
+    fn split_count(&self) -> usize {
+        self.meta(SPLIT_COUNT)
+            .and_then(|v| v.as_u64())
+            .map_or(1, |n| n as usize)
+    }
+
+    fn bad(&self, msg: String) -> Error {
+        Error::BadFile {
+            path: self.path.clone(),
+            msg,
+        }
+    }
+
+    /// The parts after this first one of an `n`-part split, as llama.cpp's loader finds them.
+    fn open_other_parts(&mut self, n: usize) -> Result<()> {
+        if n > u16::MAX as usize {
+            return Err(self.bad(format!("{SPLIT_COUNT} = {n} is more than a split can have")));
+        }
+        let no = self.meta(SPLIT_NO).and_then(|v| v.as_u64());
+        match no {
+            Some(0) => {}
+            Some(i) => {
+                return Err(self.bad(format!(
+                    "this is part {} of {n} of a split GGUF: open the first part ({})",
+                    i + 1,
+                    split_prefix(&self.path, i as usize, n)
+                        .map(|p| split_path(&p, 0, n).display().to_string())
+                        .unwrap_or_else(|| format!("…-00001-of-{n:05}.gguf"))
+                )))
+            }
+            None => {
+                return Err(self.bad(format!(
+                    "{SPLIT_COUNT} = {n} but {SPLIT_NO} is missing: not a valid split GGUF"
+                )))
+            }
+        }
+        let prefix = split_prefix(&self.path, 0, n).ok_or_else(|| {
+            self.bad(format!(
+                "the first part of a {n}-part split GGUF must be named PREFIX-00001-of-{n:05}.gguf \
+                 (llama.cpp's rule), so its other parts can be found"
+            ))
+        })?;
+        for i in 1..n {
+            let p = split_path(&prefix, i, n);
+            if !p.exists() {
+                return Err(self.bad(format!(
+                    "part {} of {n} of this split GGUF is missing: {}",
+                    i + 1,
+                    p.display()
+                )));
+            }
+            let part = Self::open_part(&p)?;
+            let got = part.meta(SPLIT_NO).and_then(|v| v.as_u64());
+            if got != Some(i as u64) {
+                return Err(Error::BadFile {
+                    path: p,
+                    msg: format!(
+                        "expected part {} of {n} ({SPLIT_NO} = {i}), found {SPLIT_NO} = {}",
+                        i + 1,
+                        got.map_or("none".into(), |g| g.to_string())
+                    ),
+                });
+            }
+            let file = self.maps.len();
+            for mut t in part.tensors {
+                if self.tensors.iter().any(|u| u.name == t.name) {
+                    return Err(Error::BadFile {
+                        path: p,
+                        msg: format!("tensor '{}' is also in an earlier part", t.name),
+                    });
+                }
+                t.file = file;
+                self.tensors.push(t);
+            }
+            self.maps.extend(part.maps);
+            self.parts.push(p);
+        }
+        let expected = self.meta(SPLIT_TENSORS).and_then(|v| v.as_u64());
+        if expected != Some(self.tensors.len() as u64) {
+            return Err(self.bad(format!(
+                "the split GGUF's {SPLIT_TENSORS} is {} but its {n} parts hold {} tensors",
+                expected.map_or("missing".into(), |e| e.to_string()),
+                self.tensors.len()
+            )));
+        }
+        Ok(())
     }
 
     /// A GGUF file held in memory (`label` names it in errors): what the fuzz targets read.
@@ -300,6 +438,7 @@ impl GgufFile {
                 name,
                 shape,
                 dtype,
+                file: 0,
                 offset,
                 len,
             });
@@ -346,7 +485,8 @@ impl GgufFile {
             metadata,
             kv_order,
             tensors,
-            map,
+            parts: vec![path.to_path_buf()],
+            maps: vec![map],
             file_backed: false,
         })
     }
@@ -367,7 +507,8 @@ impl GgufFile {
     /// The named tensor as a view into the memory map.
     pub fn tensor(&self, name: &str) -> Option<Tensor> {
         let t = self.tensor_info(name)?;
-        let view = Tensor::from_mmap(t.dtype, t.shape.clone(), self.map.clone(), t.offset, t.len);
+        let map = self.maps[t.file].clone();
+        let view = Tensor::from_mmap(t.dtype, t.shape.clone(), map, t.offset, t.len);
         Some(if self.file_backed {
             view.in_file_map()
         } else {

@@ -37,8 +37,8 @@ pub fn resolve_model(arg: Option<&Path>) -> Result<PathBuf> {
     Ok(p)
 }
 
-/// `p` as a model path: a directory without config.json that holds exactly one GGUF is that
-/// file; a missing path that looks like a Hub repo id says so.
+/// `p` as a model path: a directory without config.json that holds exactly one GGUF (or the
+/// parts of one split GGUF) is that file (its first part); a missing path that looks like a Hub repo id says so.
 pub fn local_model(p: &Path) -> Result<PathBuf> {
     if p.is_dir() && !p.join("config.json").exists() {
         let mut ggufs: Vec<PathBuf> = std::fs::read_dir(p)
@@ -51,6 +51,15 @@ pub fn local_model(p: &Path) -> Result<PathBuf> {
             })
             .collect();
         ggufs.sort();
+        // The parts of one split count as one file: its first part.
+        if let Some(parts) = ggufs
+            .first()
+            .and_then(|f| lone_core::loader::gguf::split_parts_by_name(f))
+        {
+            if parts == ggufs {
+                ggufs.truncate(1);
+            }
+        }
         match ggufs.len() {
             0 => bail!(
                 "{} has neither a config.json (a Hugging Face checkpoint) nor a .gguf file",

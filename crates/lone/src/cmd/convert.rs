@@ -8,7 +8,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lone_core::convert::{self, hf, FileType};
+use lone_core::convert::split::{self, SplitBy, SplitOptions};
+use lone_core::convert::{self, hf, FileType, Plan};
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
@@ -52,6 +53,42 @@ pub struct ConvertArgs {
     /// Overwrite the output file if it exists.
     #[arg(long, short = 'f')]
     pub force: bool,
+    #[command(flatten)]
+    pub split: SplitArgs,
+}
+
+/// Writing the output as a split GGUF (llama-gguf-split's options).
+#[derive(Args, Debug, Default)]
+pub struct SplitArgs {
+    /// Write the output in parts of at most N tensors each (`OUT-00001-of-0000N.gguf` …, as
+    /// llama-gguf-split).
+    #[arg(long, value_name = "N", conflicts_with = "split_max_size")]
+    pub split_max_tensors: Option<usize>,
+    /// Write the output in parts of at most this much tensor data each: N followed by M
+    /// (10^6 bytes) or G (10^9), e.g. 2G.
+    #[arg(long, value_name = "N(M|G)")]
+    pub split_max_size: Option<String>,
+    /// In a split output, keep the first part to the metadata alone.
+    #[arg(long)]
+    pub no_tensor_first_split: bool,
+}
+
+impl SplitArgs {
+    /// The split asked for, if any (`default` when neither limit is given).
+    pub fn options(&self, default: Option<SplitBy>) -> Result<Option<SplitOptions>> {
+        let by = match (&self.split_max_tensors, &self.split_max_size) {
+            (Some(n), _) => Some(SplitBy::Tensors(*n)),
+            (None, Some(s)) => Some(SplitBy::Bytes(split::parse_size(s)?)),
+            (None, None) => default,
+        };
+        if by.is_none() && self.no_tensor_first_split {
+            bail!("--no-tensor-first-split needs --split-max-tensors or --split-max-size");
+        }
+        Ok(by.map(|by| SplitOptions {
+            by,
+            no_tensor_first_split: self.no_tensor_first_split,
+        }))
+    }
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
@@ -68,9 +105,6 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     }
     let mut a = a;
     a.input = super::common::local_model(&a.input)?;
-    if a.out.exists() && !a.force {
-        bail!("{} exists; pass --force to overwrite it", a.out.display());
-    }
     if a.out.canonicalize().ok() == a.input.canonicalize().ok() {
         bail!("the output would overwrite the input");
     }
@@ -153,9 +187,63 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             lone_core::loader::gguf::MetaValue::F32(b as f32),
         );
     }
-    let total = plan.tensor_bytes() as u64;
-    let n = plan.tensors.len();
     let start = Instant::now();
+    let outputs = outputs(&a.out, &plan, a.split.options(None)?, a.force)?;
+    let written = write_parts(&outputs, threads)?;
+    let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
+    eprintln!(
+        "wrote {}: {} ({}), {} tensors, {:.1} MiB, {:.2} bits per weight, in {:.1} s",
+        match outputs.len() {
+            1 => a.out.display().to_string(),
+            n => format!("{} … ({n} parts)", outputs[0].0.display()),
+        },
+        match a.target_bpw {
+            Some(b) => format!("--target-bpw {b}"),
+            None => a.out_type.name().to_string(),
+        },
+        plan.get("general.architecture")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?"),
+        plan.tensors.len(),
+        written as f64 / (1 << 20) as f64,
+        plan.tensor_bytes() as f64 * 8.0 / params.max(1) as f64,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The files to write for `plan` at `out`: one, or the parts of a split. Refuses to replace
+/// an existing file unless `force`.
+pub fn outputs(
+    out: &std::path::Path,
+    plan: &Plan,
+    split: Option<SplitOptions>,
+    force: bool,
+) -> Result<Vec<(PathBuf, Plan)>> {
+    let outs: Vec<(PathBuf, Plan)> = match split {
+        None => vec![(out.to_path_buf(), plan.clone())],
+        Some(o) => {
+            let parts = split::split(plan, o)?;
+            split::part_paths(out, parts.len())
+                .into_iter()
+                .zip(parts)
+                .collect()
+        }
+    };
+    if !force {
+        if let Some((p, _)) = outs.iter().find(|(p, _)| p.exists()) {
+            bail!("{} exists; pass --force to overwrite it", p.display());
+        }
+    }
+    Ok(outs)
+}
+
+/// Writes each (path, plan) with a progress bar on a terminal (plain lines otherwise); each
+/// file goes to `PATH.partial` first, removed on failure, so a crash never leaves a truncated
+/// model. Returns the bytes written.
+pub fn write_parts(outputs: &[(PathBuf, Plan)], threads: usize) -> Result<u64> {
+    let total: u64 = outputs.iter().map(|(_, p)| p.tensor_bytes() as u64).sum();
+    let n: usize = outputs.iter().map(|(_, p)| p.tensors.len()).sum();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(total);
         b.set_style(
@@ -166,46 +254,36 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         );
         b
     });
-    let mut done = 0u64;
-    // A partial file is removed on failure, so a crash never leaves a truncated model.
-    let tmp = a.out.with_extension("gguf.partial");
-    let result = plan.write(&tmp, threads, &mut |i, t, _| {
-        done += t.n_bytes() as u64;
-        let line = format!("[{}/{n}] {} {:?} {}", i + 1, t.name, t.shape, t.dtype);
-        match &bar {
-            Some(b) => {
-                b.set_position(done);
-                b.set_message(line);
+    let (mut done, mut index, mut written) = (0u64, 0usize, 0u64);
+    for (path, plan) in outputs {
+        let tmp = path.with_extension("gguf.partial");
+        let result = plan.write(&tmp, threads, &mut |_, t, _| {
+            done += t.n_bytes() as u64;
+            index += 1;
+            let line = format!("[{index}/{n}] {} {:?} {}", t.name, t.shape, t.dtype);
+            match &bar {
+                Some(b) => {
+                    b.set_position(done);
+                    b.set_message(line);
+                }
+                None => eprintln!("{line}"),
             }
-            None => eprintln!("{line}"),
+        });
+        match result {
+            Ok(w) => written += w,
+            Err(e) => {
+                if let Some(b) = &bar {
+                    b.finish_and_clear();
+                }
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e).with_context(|| format!("cannot write {}", path.display()));
+            }
         }
-    });
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
+    }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let written = match result {
-        Ok(w) => w,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("cannot write {}", a.out.display()));
-        }
-    };
-    std::fs::rename(&tmp, &a.out)
-        .with_context(|| format!("cannot move {} to {}", tmp.display(), a.out.display()))?;
-    let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
-    eprintln!(
-        "wrote {}: {} ({}), {n} tensors, {:.1} MiB, {:.2} bits per weight, in {:.1} s",
-        a.out.display(),
-        match a.target_bpw {
-            Some(b) => format!("--target-bpw {b}"),
-            None => a.out_type.name().to_string(),
-        },
-        plan.get("general.architecture")
-            .and_then(|v| v.as_str())
-            .unwrap_or("?"),
-        written as f64 / (1 << 20) as f64,
-        total as f64 * 8.0 / params.max(1) as f64,
-        start.elapsed().as_secs_f64()
-    );
-    Ok(())
+    Ok(written)
 }

@@ -59,6 +59,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     let info = model_info(&model, &path);
     let tensors = tensor_table(&model);
     let file_bytes = file_bytes(&path);
+    let parts = lone_core::loader::gguf::split_parts_by_name(&path).map_or(1, |p| p.len());
     let c = &model.cfg;
     let caches: Vec<Value> = [KvType::F32, KvType::F16, KvType::Q8_0]
         .into_iter()
@@ -83,6 +84,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         "path": path.display().to_string(),
         "format": if path.is_dir() { "safetensors" } else { "gguf" },
         "file_bytes": file_bytes,
+        "parts": parts,
         "arch": c.arch.name(),
         "name": info.name,
         "quant": info.quant,
@@ -124,9 +126,14 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     writeln!(
         o,
-        "{}  ({})",
+        "{}  ({}{})",
         path.display(),
-        obj["format"].as_str().unwrap_or("")
+        obj["format"].as_str().unwrap_or(""),
+        if parts > 1 {
+            format!(", split in {parts} parts")
+        } else {
+            String::new()
+        }
     )?;
     writeln!(
         o,

@@ -3,6 +3,7 @@ mod bench_suite;
 pub mod chat;
 pub mod common;
 pub mod convert;
+pub mod gguf_split;
 pub mod hub;
 pub mod imatrix;
 pub mod inspect;

@@ -10,8 +10,16 @@ use lone_core::loader::WeightFiles;
 use lone_core::Model;
 use serde_json::{json, Value};
 
-/// Bytes a model's files take on disk: the file, or a checkpoint directory's regular files.
+/// Bytes a model's files take on disk: the file (every part of a split GGUF), or a checkpoint
+/// directory's regular files.
 pub fn file_bytes(path: &Path) -> u64 {
+    if let Some(parts) = lone_core::loader::gguf::split_parts_by_name(path) {
+        return parts
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+    }
     if path.is_dir() {
         std::fs::read_dir(path)
             .map(|d| {

@@ -114,11 +114,6 @@ pub(in crate::kernels) unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
     if a.nx == 1 && super::intel() {
         float_rows_n::<V, W, 1, true>(a)
     } else {
-        match a.nx {
-            1 => float_rows_n::<V, W, 1, false>(a),
-            2 => float_rows_n::<V, W, 2, false>(a),
-            3 => float_rows_n::<V, W, 3, false>(a),
-            _ => float_rows_n::<V, W, 4, false>(a),
-        }
+        by_nx!(a, float_rows_n, V, W; false)
     }
 }

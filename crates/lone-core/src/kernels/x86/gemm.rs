@@ -222,3 +222,25 @@ pub(in crate::kernels) unsafe fn write_acc512<const R: usize, const NV: usize>(
     }
     write_tile(&tmp, rows, tokens, out, stride);
 }
+
+/// [`write_acc512`] for a 256-bit micro-kernel (`acc[r][v]` lane `l` = weight row `r`,
+/// activation row `8v + l`).
+///
+/// # Safety
+/// AVX available; `out` is valid for those writes.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn write_acc256<const R: usize, const NV: usize>(
+    acc: &[[__m256; NV]; R],
+    rows: usize,
+    tokens: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut tmp = [[0.0f32; 32]; R];
+    for r in 0..R {
+        for v in 0..NV {
+            _mm256_storeu_ps(tmp[r].as_mut_ptr().add(8 * v), acc[r][v]);
+        }
+    }
+    write_tile(&tmp, rows, tokens, out, stride);
+}

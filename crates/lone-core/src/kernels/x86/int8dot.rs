@@ -266,19 +266,9 @@ const Q8_PREFETCH_INTEL: usize = 16384;
 #[inline(always)]
 pub(in crate::kernels) unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
     if super::intel() {
-        match a.nx {
-            1 => legacy_rows_n::<D, W, 1, Q8_PREFETCH_INTEL>(a),
-            2 => legacy_rows_n::<D, W, 2, Q8_PREFETCH_INTEL>(a),
-            3 => legacy_rows_n::<D, W, 3, Q8_PREFETCH_INTEL>(a),
-            _ => legacy_rows_n::<D, W, 4, Q8_PREFETCH_INTEL>(a),
-        }
+        by_nx!(a, legacy_rows_n, D, W; Q8_PREFETCH_INTEL)
     } else {
-        match a.nx {
-            1 => legacy_rows_n::<D, W, 1, PREFETCH>(a),
-            2 => legacy_rows_n::<D, W, 2, PREFETCH>(a),
-            3 => legacy_rows_n::<D, W, 3, PREFETCH>(a),
-            _ => legacy_rows_n::<D, W, 4, PREFETCH>(a),
-        }
+        by_nx!(a, legacy_rows_n, D, W; PREFETCH)
     }
 }
 

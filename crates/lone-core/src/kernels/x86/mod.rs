@@ -32,14 +32,15 @@ use core::arch::x86_64::*;
 use super::{GemmArgs, MatArgs};
 use crate::quant::reference_blocks as rb;
 
-/// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
+/// `f::<G…, NX, C…>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`;
+/// constants after a `;` follow it.
 macro_rules! by_nx {
-    ($a:expr, $f:ident $(, $g:ty)*) => {
+    ($a:expr, $f:ident $(, $g:ty)* $(; $c:expr)*) => {
         match $a.nx {
-            1 => $f::<$($g,)* 1>($a),
-            2 => $f::<$($g,)* 2>($a),
-            3 => $f::<$($g,)* 3>($a),
-            _ => $f::<$($g,)* 4>($a),
+            1 => $f::<$($g,)* 1 $(, { $c })*>($a),
+            2 => $f::<$($g,)* 2 $(, { $c })*>($a),
+            3 => $f::<$($g,)* 3 $(, { $c })*>($a),
+            _ => $f::<$($g,)* 4 $(, { $c })*>($a),
         }
     };
 }

@@ -1,0 +1,342 @@
+//! Split GGUF files (`NAME-00001-of-0000N.gguf` …) against llama.cpp's `llama-gguf-split`:
+//! - `lone gguf-split` and `lone convert --split-max-*` write the very parts llama-gguf-split
+//!   writes, and `--merge` the very file (sha256 in `tests/reference/split/llama-gguf-split.json`,
+//!   from `generate.py` there);
+//! - a split loads from its first part and computes what the whole file computes;
+//! - a wrong part, a missing part, a renamed first part or a wrong tensor count is refused
+//!   with a message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn lone() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lone"))
+}
+
+fn reference() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
+}
+
+/// The default model, fetched by scripts/test.sh (scripts/fetch-default-model.sh).
+fn smollm2() -> PathBuf {
+    let dir = std::env::var_os("LONE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+            cache.join("lone/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-default-model.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+fn recorded() -> Value {
+    let s = std::fs::read_to_string(reference().join("split/llama-gguf-split.json")).unwrap();
+    serde_json::from_str(&s).unwrap()
+}
+
+fn sha256_file(p: &Path) -> String {
+    Sha256::digest(std::fs::read(p).unwrap())
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn ok(o: Output, what: &str) -> Output {
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn fails_with(o: Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "expected a failure mentioning {needle:?}"
+    );
+    assert!(
+        err.contains(needle),
+        "the error should mention {needle:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The parts `prefix-*` must be the recorded case's, part for part.
+fn check_parts(case: &Value, prefix: &Path) {
+    let name = case["name"].as_str().unwrap();
+    let parts = case["parts"].as_array().unwrap();
+    for part in parts {
+        let p = PathBuf::from(format!(
+            "{}{}",
+            prefix.display(),
+            part["name"].as_str().unwrap()
+        ));
+        assert!(p.exists(), "{name}: lone did not write {}", p.display());
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            part["bytes"].as_u64().unwrap(),
+            "{name}: size of {}",
+            p.display()
+        );
+        assert_eq!(
+            sha256_file(&p),
+            part["sha256"].as_str().unwrap(),
+            "{name}: bytes of {}",
+            p.display()
+        );
+    }
+    // No extra part.
+    let n = parts.len();
+    let extra = PathBuf::from(format!(
+        "{}-{:05}-of-{:05}.gguf",
+        prefix.display(),
+        n + 1,
+        n
+    ));
+    assert!(!extra.exists());
+}
+
+fn case<'a>(rec: &'a Value, name: &str) -> &'a Value {
+    rec["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()
+}
+
+fn args_of(case: &Value) -> Vec<String> {
+    case["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn splits_and_merges_are_the_bytes_llama_gguf_split_writes() {
+    let rec = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = reference().join("fixtures/llama/model-f32.gguf");
+    for name in ["llama-f32-t5", "llama-f32-t7-nofirst"] {
+        let c = case(&rec, name);
+        let prefix = dir.path().join(name);
+        ok(
+            lone()
+                .arg("gguf-split")
+                .args(args_of(c))
+                .arg(&fixture)
+                .arg(&prefix)
+                .output()
+                .unwrap(),
+            name,
+        );
+        check_parts(c, &prefix);
+    }
+    // The default model by size, then merged back.
+    let c = case(&rec, "smollm2-40M");
+    let prefix = dir.path().join("smollm2-40M");
+    ok(
+        lone()
+            .arg("gguf-split")
+            .arg("--split")
+            .args(args_of(c))
+            .arg(smollm2())
+            .arg(&prefix)
+            .output()
+            .unwrap(),
+        "smollm2",
+    );
+    check_parts(c, &prefix);
+    let merged = dir.path().join("merged.gguf");
+    let first = dir.path().join("smollm2-40M-00001-of-00003.gguf");
+    ok(
+        lone()
+            .args(["gguf-split", "--merge"])
+            .arg(&first)
+            .arg(&merged)
+            .output()
+            .unwrap(),
+        "merge",
+    );
+    assert_eq!(
+        std::fs::metadata(&merged).unwrap().len(),
+        rec["merged"]["bytes"].as_u64().unwrap()
+    );
+    assert_eq!(
+        sha256_file(&merged),
+        rec["merged"]["sha256"].as_str().unwrap()
+    );
+    // The merged file is not read as a split (split.count = 0) and refuses a second merge
+    // into an existing file.
+    fails_with(
+        lone()
+            .args(["gguf-split", "--merge"])
+            .arg(&first)
+            .arg(&merged)
+            .output()
+            .unwrap(),
+        "exists",
+    );
+}
+
+#[test]
+fn convert_writes_the_split_of_llama_quantizes_file() {
+    let rec = recorded();
+    let c = case(&rec, "lfm2_a-q4_k_m-t9");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lfm2_a-q4_k_m-t9.gguf");
+    ok(
+        lone()
+            .arg("convert")
+            .arg(reference().join("fixtures/lfm2_a/model-f32.gguf"))
+            .arg("-o")
+            .arg(&out)
+            .args(["-t", "Q4_K_M", "--threads", "2"])
+            .args(args_of(c))
+            .output()
+            .unwrap(),
+        "convert",
+    );
+    check_parts(c, &dir.path().join("lfm2_a-q4_k_m-t9"));
+    assert!(!out.exists(), "a split output writes only the parts");
+}
+
+/// `lone run --prompt-ids … --dump-logits` on `model`: the logits file's bytes and the ids.
+fn logits(model: &Path, npy: &Path) -> (Vec<u8>, Value) {
+    let o = ok(
+        lone()
+            .args(["run", "--model"])
+            .arg(model)
+            .args([
+                "--prompt-ids",
+                "1,5,9,13,2",
+                "-n",
+                "6",
+                "--ignore-eos",
+                "--json",
+            ])
+            .arg("--dump-logits")
+            .arg(npy)
+            .output()
+            .unwrap(),
+        "run",
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    (std::fs::read(npy).unwrap(), v["generated_ids"].clone())
+}
+
+#[test]
+fn a_split_runs_as_the_whole_file_and_bad_splits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = reference().join("fixtures/llama/model-f32.gguf");
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    let prefix = parts.join("m");
+    ok(
+        lone()
+            .args(["gguf-split", "--split-max-tensors", "4"])
+            .arg(&whole)
+            .arg(&prefix)
+            .output()
+            .unwrap(),
+        "split",
+    );
+    let n = std::fs::read_dir(&parts).unwrap().count();
+    assert!(n > 2, "{n} parts");
+    let part = |i: usize| parts.join(format!("m-{i:05}-of-{n:05}.gguf"));
+    let (want, want_ids) = logits(&whole, &dir.path().join("a.npy"));
+    let (got, got_ids) = logits(&part(1), &dir.path().join("b.npy"));
+    assert_eq!(got_ids, want_ids);
+    assert!(
+        got == want,
+        "the split's logits differ from the whole file's"
+    );
+    // A directory holding one split's parts is that model.
+    let (got, _) = logits(&parts, &dir.path().join("c.npy"));
+    assert!(got == want);
+    // `inspect` counts every part.
+    let o = ok(
+        lone()
+            .args(["inspect", "--json"])
+            .arg(part(1))
+            .output()
+            .unwrap(),
+        "inspect",
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["parts"], n);
+    let sum: u64 = (1..=n)
+        .map(|i| std::fs::metadata(part(i)).unwrap().len())
+        .sum();
+    assert_eq!(v["file_bytes"], sum);
+
+    let run = |m: &Path| {
+        lone()
+            .args(["run", "--model"])
+            .arg(m)
+            .args(["--prompt-ids", "1", "-n", "1"])
+            .output()
+            .unwrap()
+    };
+    fails_with(run(&part(2)), "open the first part");
+    let renamed = dir.path().join("renamed.gguf");
+    std::fs::copy(part(1), &renamed).unwrap();
+    fails_with(run(&renamed), "must be named");
+    // A part that claims another place.
+    let moved = dir.path().join("moved");
+    std::fs::rename(part(n), &moved).unwrap();
+    fails_with(run(&part(1)), "is missing");
+    std::fs::copy(part(2), part(n)).unwrap();
+    fails_with(run(&part(1)), "expected part");
+    std::fs::rename(&moved, part(n)).unwrap();
+    // A wrong total tensor count (split.tensors.count is an i32 after its key and type 5).
+    let mut b = std::fs::read(part(1)).unwrap();
+    let key = b"split.tensors.count";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    let count = i32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    b[at..at + 4].copy_from_slice(&(count + 1).to_le_bytes());
+    std::fs::write(part(1), &b).unwrap();
+    fails_with(run(&part(1)), "split.tensors.count");
+    // Bad limits.
+    fails_with(
+        lone()
+            .args(["gguf-split", "--split-max-size", "3K"])
+            .arg(&whole)
+            .arg(dir.path().join("x"))
+            .output()
+            .unwrap(),
+        "M (megabytes) or G",
+    );
+    fails_with(
+        lone()
+            .args(["gguf-split", "--split-max-tensors", "0"])
+            .arg(&whole)
+            .arg(dir.path().join("x"))
+            .output()
+            .unwrap(),
+        "at least 1",
+    );
+    fails_with(
+        lone()
+            .args(["gguf-split", "--merge"])
+            .arg(&whole)
+            .arg(dir.path().join("y.gguf"))
+            .output()
+            .unwrap(),
+        "not a split",
+    );
+}
