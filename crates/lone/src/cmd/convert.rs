@@ -105,6 +105,12 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     }
     let mut a = a;
     a.input = super::common::local_model(&a.input)?;
+    // Before any work (a --target-bpw search takes minutes); a split's part names are checked
+    // once the plan is cut.
+    let split_opts = a.split.options(None)?;
+    if split_opts.is_none() && a.out.exists() && !a.force {
+        bail!("{} exists; pass --force to overwrite it", a.out.display());
+    }
     if a.out.canonicalize().ok() == a.input.canonicalize().ok() {
         bail!("the output would overwrite the input");
     }
@@ -188,7 +194,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         );
     }
     let start = Instant::now();
-    let outputs = outputs(&a.out, &plan, a.split.options(None)?, a.force)?;
+    let outputs = outputs(&a.out, &plan, split_opts, a.force)?;
     let written = write_parts(&outputs, threads)?;
     let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
     eprintln!(
