@@ -99,7 +99,8 @@ def main() -> None:
     for b in [x for x in a.bpw.split(",") if x]:
         f = a.out / f"lone-bpw{b}.gguf"
         r = run(LONE, "convert", src, "-o", f.name, "--target-bpw", b, "--calibration", CALIB,
-                "--imatrix", "lone.imatrix.gguf", "--force", cwd=a.out)
+                "--imatrix", "lone.imatrix.gguf", "--sensitivity", "sensitivity.json", "--force",
+                cwd=a.out)
         row = {"model": a.name, "type": f"target-bpw {b}", "imatrix": "lone.imatrix.gguf",
                "search": [line for line in r.stderr.splitlines() if line.startswith("target ")][-1:]}
         row.update(measure(f, src, params))

@@ -150,6 +150,43 @@ fn check_hidden(model: &Model, dir: &Path, f: &Fixture, tol: f32, what: &str) {
     }
 }
 
+/// Starting at any layer from transformers' hidden state entering it (`forward_from_layer`,
+/// what the `--target-bpw` search runs) gives transformers' logits.
+fn check_from_layer(model: &Model, dir: &Path, f: &Fixture, tol: f32, what: &str) {
+    let hidden = npy::read(&dir.join("hidden.npy")).unwrap();
+    let (h, v, p) = (model.cfg.hidden_size, model.cfg.vocab_size, f.prompt.len());
+    for l in 0..=model.cfg.n_layers {
+        let mut cache = model.new_cache();
+        let x = hidden.data[l * p * h..(l + 1) * p * h].to_vec();
+        let out = model
+            .forward_from_layer(
+                &Batch::for_sequence(0, 0, &f.prompt, true),
+                std::slice::from_mut(&mut cache),
+                l,
+                x,
+            )
+            .unwrap();
+        let (d, at) = max_diff(&out.logits, &f.logits.data[..p * v]);
+        assert!(
+            d <= tol,
+            "{what}: from layer {l}, logits differ by {d} (> {tol}) at row {} col {}",
+            at / v,
+            at % v
+        );
+    }
+    let mut cache = model.new_cache();
+    let too_far = model.forward_from_layer(
+        &Batch::for_sequence(0, 0, &f.prompt, true),
+        std::slice::from_mut(&mut cache),
+        model.cfg.n_layers + 1,
+        vec![0.0; p * h],
+    );
+    assert!(
+        too_far.is_err(),
+        "{what}: a start past the head was accepted"
+    );
+}
+
 /// The f32 checkpoint: logits 1e-4, hidden states, greedy tokens, decode == prefill.
 fn f32_dir(name: &str) {
     let dir = fixtures().join(name);
@@ -157,6 +194,7 @@ fn f32_dir(name: &str) {
     let model = Model::load(&dir).unwrap();
     let what = format!("{name} (safetensors f32)");
     check_hidden(&model, &dir, &f, 1e-4, &what);
+    check_from_layer(&model, &dir, &f, 1e-4, &what);
     check_prefill(&model, &f, &f.logits, 1e-4, &what);
     check_decode(&model, &f, &f.logits, 1e-4, &what);
     check_greedy(&model, &f, &what);

@@ -33,7 +33,19 @@ fn convert(input: &Path, out: &Path, ty: &str) -> Vec<u8> {
 /// [`convert`] with extra arguments, run in `tests/reference/convert` (where the imatrix
 /// files are, so their recorded names match llama-quantize's).
 fn convert_with(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> Vec<u8> {
-    let o = lone()
+    let o = convert_output(input, out, ty, extra);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "convert {} {ty}: {stderr}",
+        input.display()
+    );
+    std::fs::read(out).unwrap()
+}
+
+/// The `lone convert` run of [`convert_with`], whatever its outcome.
+fn convert_output(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> std::process::Output {
+    lone()
         .current_dir(reference().join("convert"))
         .arg("convert")
         .arg(input)
@@ -45,14 +57,7 @@ fn convert_with(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> Vec<u8> {
         .args(["--tokenizer-pre", "gpt-2"])
         .args(extra)
         .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success(),
-        "convert {} {ty}: {stderr}",
-        input.display()
-    );
-    std::fs::read(out).unwrap()
+        .unwrap()
 }
 
 fn sha256(b: &[u8]) -> String {
@@ -261,6 +266,62 @@ fn target_bpw_beats_q4_k_m_at_no_larger_size() {
             "{fam}: KL {k_tb} (target-bpw) vs {k_q4} (Q4_K_M)"
         );
     }
+}
+
+#[test]
+fn a_sensitivity_table_is_reused_and_checked() {
+    // A second --target-bpw on the same source and calibration measures nothing and, at the
+    // same target, writes the bytes of a search without the table; another calibration text
+    // is refused, as is a file that is not a table.
+    let text = reference().join("tokenizer/assets/lfm2/LICENSE.lfm1.0.txt");
+    let other = reference().join("tokenizer/assets/lfm2/chat_template.jinja");
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("llama").join("model-f32.gguf");
+    let table = dir.path().join("llama.sensitivity.json");
+    let search = |out: &str, bpw: &str, calibration: &Path, table: Option<&Path>| {
+        let mut extra = vec!["--target-bpw", bpw, "--calibration"];
+        extra.push(calibration.to_str().unwrap());
+        if let Some(t) = table {
+            extra.extend(["--sensitivity", t.to_str().unwrap()]);
+        }
+        let out = dir.path().join(out);
+        let o = convert_output(&src, &out, "F32", &extra);
+        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+        (
+            o.status.success(),
+            stderr,
+            std::fs::read(&out).unwrap_or_default(),
+        )
+    };
+    let measured = |stderr: &str| -> usize {
+        let at = stderr.find(" measurements").expect(stderr);
+        let n = stderr[..at].rsplit(' ').next().unwrap();
+        n.parse().unwrap_or_else(|_| panic!("{stderr}"))
+    };
+    let (ok, first, a) = search("a.gguf", "5.0", &text, Some(&table));
+    assert!(ok, "{first}");
+    assert!(measured(&first) > 10, "{first}");
+    assert!(!first.contains("from the sensitivity table"), "{first}");
+    let (ok, second, b) = search("b.gguf", "4.5", &text, Some(&table));
+    assert!(ok, "{second}");
+    assert_eq!(measured(&second), 0, "{second}");
+    assert!(
+        second.contains(&format!(
+            "({} more from the sensitivity table)",
+            measured(&first)
+        )),
+        "{second}"
+    );
+    assert!(b.len() < a.len(), "4.5 bpw is not smaller than 5.0");
+    let (ok, plain, c) = search("c.gguf", "5.0", &text, None);
+    assert!(ok, "{plain}");
+    assert!(a == c, "the table changed the search's choice");
+    let (ok, refused, _) = search("d.gguf", "5.0", &other, Some(&table));
+    assert!(!ok && refused.contains("fingerprint differs"), "{refused}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"format\": \"something else\"}").unwrap();
+    let (ok, refused, _) = search("e.gguf", "5.0", &text, Some(&bad));
+    assert!(!ok && refused.contains("sensitivity table"), "{refused}");
 }
 
 #[test]

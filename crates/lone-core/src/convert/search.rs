@@ -32,6 +32,79 @@ pub struct SearchOptions<'a> {
     pub ctx: usize,
     pub chunks: usize,
     pub imatrix: Option<&'a Imatrix>,
+    /// A [`SensitivityTable`] file to reuse and extend (`--sensitivity FILE`): entries
+    /// already there are not measured again; new ones are written to it after each tensor.
+    pub sensitivity: Option<&'a std::path::Path>,
+}
+
+/// The measured KL(t, q) of a search, kept so that another `--target-bpw` on the same source,
+/// calibration and imatrix costs no new measurement (and an interrupted search resumes).
+/// `fingerprint` names what the numbers depend on: the weight matrices and the embedding
+/// (bytes and shapes), the calibration tokens and chunking, and the importance vectors.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct SensitivityTable {
+    pub fingerprint: String,
+    /// Tensor name → type name → mean KL divergence with only that tensor at that type.
+    pub kl: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+impl SensitivityTable {
+    pub const FORMAT: &'static str = "lone-sensitivity-1";
+
+    /// Read `path` (a missing file is an empty table).
+    pub fn load(path: &std::path::Path) -> Result<SensitivityTable> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => {
+                return Err(Error::Io {
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
+        };
+        #[derive(serde::Deserialize)]
+        struct File {
+            format: String,
+            #[serde(flatten)]
+            table: SensitivityTable,
+        }
+        let f: File = serde_json::from_str(&text).map_err(|e| {
+            Error::Input(format!(
+                "{} is not a sensitivity table written by lone convert --sensitivity: {e}",
+                path.display()
+            ))
+        })?;
+        if f.format != Self::FORMAT {
+            return Err(Error::Input(format!(
+                "{}: sensitivity table format {:?}, this lone reads {:?}",
+                path.display(),
+                f.format,
+                Self::FORMAT
+            )));
+        }
+        Ok(f.table)
+    }
+
+    /// Write the table to `path` (whole, through a temporary file).
+    pub fn save(&self, path: &std::path::Path) -> Result<()> {
+        let v = serde_json::json!({
+            "format": Self::FORMAT,
+            "fingerprint": self.fingerprint,
+            "kl": self.kl,
+        });
+        let tmp = path.with_extension("partial");
+        let io = |e| Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        std::fs::write(&tmp, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    fn get(&self, name: &str, q: DType) -> Option<f64> {
+        self.kl.get(name)?.get(q.name()).copied()
+    }
 }
 
 /// What the search chose and measured.
@@ -45,6 +118,8 @@ pub struct SearchReport {
     /// The KL of the chosen mix, measured.
     pub kl_measured: f64,
     pub measurements: usize,
+    /// Measurements taken from the `--sensitivity` table instead.
+    pub reused: usize,
 }
 
 fn bits(dtype: DType, numel: usize) -> f64 {
@@ -88,16 +163,18 @@ struct Calibration {
     chunks: Vec<Vec<u32>>,
     /// Reference log-probabilities, every position of every chunk.
     reference: Vec<Vec<f32>>,
+    /// The source's hidden states entering each layer (and the head, last), per chunk: a
+    /// change to layer l is measured from `hidden[c][l]` on, without the layers before it.
+    hidden: Vec<Vec<Vec<f32>>>,
     vocab: usize,
 }
 
-fn chunk_logits(model: &Model, chunk: &[u32]) -> Result<Vec<f32>> {
+fn chunk_batch(chunk: &[u32]) -> Batch {
     let mut b = Batch::default();
     for (pos, &t) in chunk.iter().enumerate() {
         b.push(0, pos, t, true);
     }
-    let mut cache = model.new_cache();
-    Ok(model.forward(&b, std::slice::from_mut(&mut cache))?.logits)
+    b
 }
 
 impl Calibration {
@@ -114,28 +191,40 @@ impl Calibration {
         let chunks: Vec<Vec<u32>> = (0..n)
             .map(|i| opts.tokens[i * ctx..(i + 1) * ctx].to_vec())
             .collect();
-        let mut reference = Vec::new();
+        let (mut reference, mut hidden) = (Vec::new(), Vec::new());
         for c in &chunks {
-            let logits = chunk_logits(model, c)?;
-            let mut lp = vec![0f32; logits.len()];
-            for (r, o) in logits.chunks(vocab).zip(lp.chunks_mut(vocab)) {
+            let mut cache = model.new_cache();
+            let out =
+                model.forward_opts(&chunk_batch(c), std::slice::from_mut(&mut cache), true)?;
+            let mut lp = vec![0f32; out.logits.len()];
+            for (r, o) in out.logits.chunks(vocab).zip(lp.chunks_mut(vocab)) {
                 log_softmax(r, o);
             }
             reference.push(lp);
+            hidden.push(out.hidden);
         }
         Ok(Calibration {
             chunks,
             reference,
+            hidden,
             vocab,
         })
     }
 
-    /// Mean KL(reference ‖ model) over every calibration position.
-    fn kl(&self, model: &Model) -> Result<f64> {
+    /// Mean KL(reference ‖ model) over every calibration position, the layers before
+    /// `from` (when given) taken as the source's.
+    fn kl(&self, model: &Model, from: Option<usize>) -> Result<f64> {
         let (mut sum, mut n) = (0.0f64, 0usize);
         let mut lp = vec![0f32; self.vocab];
-        for (c, reference) in self.chunks.iter().zip(&self.reference) {
-            let logits = chunk_logits(model, c)?;
+        for (k, (c, reference)) in self.chunks.iter().zip(&self.reference).enumerate() {
+            let mut cache = model.new_cache();
+            let caches = std::slice::from_mut(&mut cache);
+            let b = chunk_batch(c);
+            let logits = match from {
+                Some(l) => model.forward_from_layer(&b, caches, l, self.hidden[k][l].clone())?,
+                None => model.forward(&b, caches)?,
+            }
+            .logits;
             for (row, lr) in logits.chunks(self.vocab).zip(reference.chunks(self.vocab)) {
                 log_softmax(row, &mut lp);
                 let kl: f64 = lr
@@ -189,15 +278,57 @@ fn weight(model: &mut Model, name: &str) -> Result<Tensor> {
     Err(Error::Config(format!("no weight {name} in the model")))
 }
 
-fn weight_names(model: &mut Model) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for layer in model.layers.iter_mut() {
+/// Every weight matrix's name and the first layer its change reaches: its own layer, the
+/// head (`layers.len()`) for an untied LM head, `None` (the whole model) for a tied embedding.
+fn weight_names(model: &mut Model) -> Vec<(String, Option<usize>)> {
+    let mut names = Vec::new();
+    for (i, layer) in model.layers.iter_mut().enumerate() {
         for l in layer.linears_mut() {
-            names.extend(l.name.clone());
+            names.extend(l.name.clone().map(|n| (n, Some(i))));
         }
     }
-    names.extend(model.lm_head.name.clone());
+    let head = model.layers.len();
+    if let Some(n) = model.lm_head.name.clone() {
+        let from = (n != "token_embd.weight").then_some(head);
+        names.push((n, from));
+    }
     names
+}
+
+/// What the measurements depend on (see [`SensitivityTable`]).
+fn fingerprint(
+    model: &mut Model,
+    eligible: &[(String, usize, Option<usize>)],
+    opts: &SearchOptions,
+    ctx: usize,
+    chunks: usize,
+) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let tensor = |h: &mut Sha256, name: &str, t: &Tensor| {
+        h.update(name.as_bytes());
+        h.update(t.dtype.name().as_bytes());
+        for d in &t.shape {
+            h.update((*d as u64).to_le_bytes());
+        }
+        h.update(t.data());
+    };
+    tensor(&mut h, "token_embd.weight", &model.embed.t.clone());
+    for (name, _, _) in eligible {
+        let w = weight(model, name)?;
+        tensor(&mut h, name, &w);
+        if let Some(q) = opts.imatrix.and_then(|im| im.importance(name)) {
+            for v in q {
+                h.update(v.to_le_bytes());
+            }
+        }
+    }
+    h.update((ctx as u64).to_le_bytes());
+    h.update((chunks as u64).to_le_bytes());
+    for &t in &opts.tokens[..(ctx * chunks).min(opts.tokens.len())] {
+        h.update(t.to_le_bytes());
+    }
+    Ok(format!("{:x}", h.finalize()))
 }
 
 /// `t`'s rows (in the model's order) stored as `dtype`, fitted with `importance`.
@@ -233,10 +364,10 @@ pub fn target_bpw(
         .enumerate()
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
-    let eligible: Vec<(String, usize)> = names
+    let eligible: Vec<(String, usize, Option<usize>)> = names
         .iter()
-        .filter_map(|n| index.get(n.as_str()).map(|&i| (n.clone(), i)))
-        .filter(|(_, i)| plan.tensors[*i].shape.len() == 2)
+        .filter_map(|(n, from)| index.get(n.as_str()).map(|&i| (n.clone(), i, *from)))
+        .filter(|(_, i, _)| plan.tensors[*i].shape.len() == 2)
         .collect();
     if eligible.is_empty() {
         return Err(Error::Config(
@@ -248,31 +379,73 @@ pub fn target_bpw(
         .tensors
         .iter()
         .enumerate()
-        .filter(|(i, _)| !eligible.iter().any(|(_, j)| j == i))
+        .filter(|(i, _)| !eligible.iter().any(|(_, j, _)| j == i))
         .map(|(_, t)| bits(t.dtype, t.numel()))
         .sum();
     let budget = opts.target_bpw * total_params as f64 - fixed_bits;
 
-    // Sensitivities.
+    // Sensitivities (those in the table kept, the others measured and added to it).
+    let mut saved = match opts.sensitivity {
+        Some(path) => {
+            let mut t = SensitivityTable::load(path)?;
+            let print = fingerprint(
+                model,
+                &eligible,
+                opts,
+                cal.chunks[0].len(),
+                cal.chunks.len(),
+            )?;
+            if t.kl.is_empty() {
+                t.fingerprint = print;
+            } else if t.fingerprint != print {
+                return Err(Error::Input(format!(
+                    "{} was measured on another source, calibration text or imatrix (its \
+                     fingerprint differs): give another --sensitivity file or delete it",
+                    path.display()
+                )));
+            }
+            Some((t, path))
+        }
+        None => None,
+    };
     let total: usize = eligible
         .iter()
-        .map(|(_, i)| candidates(plan.tensors[*i].row_len()).len())
+        .map(|(_, i, _)| candidates(plan.tensors[*i].row_len()).len())
         .sum();
     let mut done = 0;
+    let mut measured = 0;
     let mut table: Vec<Vec<(DType, f64)>> = Vec::new();
-    for (name, i) in &eligible {
+    for (name, i, from) in &eligible {
         let importance = opts.imatrix.and_then(|im| im.importance(name));
         let importance = importance.filter(|q| q.len() == plan.tensors[*i].row_len());
         let mut row = Vec::new();
+        let before = measured;
         for q in candidates(plan.tensors[*i].row_len()) {
-            let original = weight(model, name)?;
-            let trial = requantize(&original, q, importance.as_deref())?;
-            swap(model, name, trial);
-            let kl = cal.kl(model);
-            swap(model, name, original);
-            row.push((q, kl?));
+            let known = saved.as_ref().and_then(|(t, _)| t.get(name, q));
+            let kl = match known {
+                Some(kl) => kl,
+                None => {
+                    let original = weight(model, name)?;
+                    let trial = requantize(&original, q, importance.as_deref())?;
+                    swap(model, name, trial);
+                    let kl = cal.kl(model, *from);
+                    swap(model, name, original);
+                    measured += 1;
+                    let kl = kl?;
+                    if let Some((t, _)) = saved.as_mut() {
+                        t.kl.entry(name.clone())
+                            .or_default()
+                            .insert(q.name().to_string(), kl);
+                    }
+                    kl
+                }
+            };
+            row.push((q, kl));
             done += 1;
             progress(done, total);
+        }
+        if let Some((t, path)) = saved.as_ref().filter(|_| measured > before) {
+            t.save(path)?;
         }
         table.push(row);
     }
@@ -280,7 +453,7 @@ pub fn target_bpw(
     // Allocation: cheapest first, then the best KL-per-bit upgrades that fit.
     let numel: Vec<usize> = eligible
         .iter()
-        .map(|(_, i)| plan.tensors[*i].numel())
+        .map(|(_, i, _)| plan.tensors[*i].numel())
         .collect();
     let mut choice: Vec<usize> = table
         .iter()
@@ -329,11 +502,12 @@ pub fn target_bpw(
 
     // Apply, measure the whole mix, restore the model.
     let mut report = SearchReport {
-        measurements: done,
+        measurements: measured,
+        reused: done - measured,
         ..Default::default()
     };
     let mut originals = Vec::new();
-    for (k, (name, i)) in eligible.iter().enumerate() {
+    for (k, (name, i, _)) in eligible.iter().enumerate() {
         let (t, kl) = table[k][choice[k]];
         report.kl_estimate += kl;
         report.chosen.insert(name.clone(), t);
@@ -349,7 +523,7 @@ pub fn target_bpw(
         swap(model, name, trial);
         originals.push((name.clone(), original));
     }
-    report.kl_measured = cal.kl(model)?;
+    report.kl_measured = cal.kl(model, None)?;
     for (name, t) in originals {
         swap(model, &name, t);
     }

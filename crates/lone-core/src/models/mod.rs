@@ -268,12 +268,53 @@ impl Model {
         if batch.is_empty() {
             return Ok(out);
         }
-        let h = self.cfg.hidden_size;
-        let mut x = self.embed.forward(&batch.tokens);
+        let x = self.embed.forward(&batch.tokens);
         if capture_hidden {
             out.hidden.push(x.clone());
         }
-        for (l, layer) in self.layers.iter().enumerate() {
+        self.layers_and_head(batch, caches, 0, x, capture_hidden, out)
+    }
+
+    /// Run `batch` from layer `start` on, its hidden states entering that layer being `x`
+    /// (as `forward_opts(.., true)` captured them: `hidden[start]`), on caches that hold
+    /// nothing for the layers before `start` (fresh ones). The logits are those of the whole
+    /// forward pass whose layers before `start` produced `x` — what the `--target-bpw`
+    /// search uses to measure a change to one layer without running the layers before it.
+    pub fn forward_from_layer(
+        &self,
+        batch: &Batch,
+        caches: &mut [SeqCache],
+        start: usize,
+        x: Vec<f32>,
+    ) -> Result<ForwardOutput> {
+        self.check_batch(batch, caches)?;
+        if start > self.layers.len() || x.len() != batch.len() * self.cfg.hidden_size {
+            return Err(Error::Input(format!(
+                "forward from layer {start} of {} with {} hidden values for {} rows of {}",
+                self.layers.len(),
+                x.len(),
+                batch.len(),
+                self.cfg.hidden_size
+            )));
+        }
+        let _compute = self.compute.enter(batch.prompt);
+        if batch.is_empty() {
+            return Ok(ForwardOutput::default());
+        }
+        self.layers_and_head(batch, caches, start, x, false, ForwardOutput::default())
+    }
+
+    fn layers_and_head(
+        &self,
+        batch: &Batch,
+        caches: &mut [SeqCache],
+        start: usize,
+        mut x: Vec<f32>,
+        capture_hidden: bool,
+        mut out: ForwardOutput,
+    ) -> Result<ForwardOutput> {
+        let h = self.cfg.hidden_size;
+        for (l, layer) in self.layers.iter().enumerate().skip(start) {
             layer.forward(&mut x, &batch.rows, caches, l);
             if capture_hidden {
                 out.hidden.push(x.clone());

@@ -37,6 +37,11 @@ pub struct ConvertArgs {
     /// docs/quantization.md for the method.
     #[arg(long, requires = "calibration")]
     pub target_bpw: Option<f64>,
+    /// Keep --target-bpw's measurements in this file (JSON) and reuse those it already holds:
+    /// a second target on the same source, calibration and imatrix measures nothing, and an
+    /// interrupted search resumes.
+    #[arg(long, requires = "target_bpw")]
+    pub sensitivity: Option<PathBuf>,
     /// Calibration text for --target-bpw (UTF-8).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -163,6 +168,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             ctx: a.calibration_ctx,
             chunks: a.calibration_chunks,
             imatrix: imatrix.as_ref(),
+            sensitivity: a.sensitivity.as_deref(),
         };
         let t0 = Instant::now();
         let (p, report) =
@@ -175,11 +181,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             *counts.entry(t.name().to_string()).or_default() += 1;
         }
         eprintln!(
-            "target {b} bpw: {:.3} bpw, KL {:.6} (estimate {:.6}) after {} measurements in {:.1} s; types: {}",
+            "target {b} bpw: {:.3} bpw, KL {:.6} (estimate {:.6}) after {} measurements{} in {:.1} s; types: {}",
             report.bpw,
             report.kl_measured,
             report.kl_estimate,
             report.measurements,
+            match report.reused {
+                0 => String::new(),
+                n => format!(" ({n} more from the sensitivity table)"),
+            },
             t0.elapsed().as_secs_f64(),
             counts
                 .iter()
