@@ -89,6 +89,64 @@ fn checkpoints_convert_to_the_bytes_llama_cpps_converter_writes() {
 }
 
 #[test]
+fn model_cards_give_the_converters_general_metadata() {
+    // tests/reference/convert/model_card.py: the llama fixture in directories with a README.md
+    // (front matter or none) and a config.json `_name_or_path`, converted by llama.cpp.
+    let refs: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(reference().join("convert/model-card.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = refs["cases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("llama");
+    for c in cases {
+        let dir = tmp.path().join(c["dir"].as_str().unwrap());
+        std::fs::create_dir(&dir).unwrap();
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        for (k, v) in c["config"].as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_string(&cfg).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.join("README.md"), c["readme"].as_str().unwrap()).unwrap();
+        let out = tmp.path().join("out.gguf");
+        let got = convert(&dir, &out, "F32");
+        if sha256(&got) != c["sha256"].as_str().unwrap() {
+            let o = lone()
+                .arg("inspect")
+                .arg(&out)
+                .args(["--json", "--no-tensors"])
+                .output()
+                .unwrap();
+            panic!(
+                "{}: lone wrote {} bytes, the converter {}; the converter's general.*: {}\nlone's file: {}",
+                c["dir"],
+                got.len(),
+                c["size"],
+                c["general"],
+                String::from_utf8_lossy(&o.stdout)
+            );
+        }
+    }
+}
+
+#[test]
 fn quantized_types_are_the_bytes_llama_quantize_writes() {
     let refs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(reference().join("convert/llama-quantize.json")).unwrap(),

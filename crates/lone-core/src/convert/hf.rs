@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{interleaved_source, naming, vocab, FileType, Plan, PlanTensor, RowOrder};
+use super::{card, interleaved_source, naming, vocab, FileType, Plan, PlanTensor, RowOrder};
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::loader::gguf::MetaValue;
@@ -223,8 +223,9 @@ fn kv_heads_per_layer(cfg: &ModelConfig) -> MetaValue {
     )
 }
 
-/// `general.*`: sampling defaults from generation_config.json, then the names the directory
-/// name gives (gguf-py's heuristics) and the size label.
+/// `general.*`: sampling defaults from generation_config.json, then the authorship the model
+/// card, `_name_or_path` and the directory name give (gguf-py's heuristics, [`card`]) and the
+/// size label.
 fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool) -> Result<()> {
     if let Some(g) = read_json(&dir.join("generation_config.json")) {
         let f = |k: &str| g.get(k).and_then(|v| v.as_f64());
@@ -268,32 +269,26 @@ fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "model".into());
-    let parts = naming::id_components(&dir_name, total_params);
-    let s = |v: String| MetaValue::String(v);
-    plan.set(
-        "general.name",
-        s(naming::id_to_title(
-            parts.name.as_deref().unwrap_or(&dir_name),
-        )),
-    );
-    if let Some(v) = &parts.version {
-        plan.set("general.version", s(v.clone()));
-    }
-    if let Some(v) = &parts.organization {
-        plan.set("general.organization", s(naming::id_to_title(v)));
-    }
-    if let Some(v) = &parts.finetune {
-        plan.set("general.finetune", s(v.clone()));
-    }
-    if let Some(v) = &parts.basename {
-        plan.set("general.basename", s(v.clone()));
-    }
+    let name_or_path = read_json(&dir.join("config.json"))
+        .and_then(|c| c.get("_name_or_path")?.as_str().map(str::to_string));
+    let mut who =
+        card::Authorship::of_checkpoint(dir, &dir_name, name_or_path.as_deref(), total_params);
     if with_size {
-        let label = parts
-            .size_label
-            .clone()
-            .unwrap_or_else(|| naming::size_label(total_params));
-        plan.set("general.size_label", s(label));
+        if who.size_label.is_none() && total_params > 0 {
+            who.size_label = Some(naming::size_label(total_params));
+        }
+    } else {
+        who.size_label = None;
+    }
+    for (k, v) in who.entries() {
+        let v = match v {
+            card::Entry::Str(s) => MetaValue::String(s),
+            card::Entry::Count(n) => MetaValue::U32(n as u32),
+            card::Entry::List(l) => {
+                MetaValue::Array(l.into_iter().map(MetaValue::String).collect())
+            }
+        };
+        plan.set(&k, v);
     }
     Ok(())
 }

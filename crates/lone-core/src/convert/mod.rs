@@ -11,6 +11,7 @@
 //! A checkpoint at F32, F16, BF16 or Q8_0 is what the converter writes with that `--outtype`;
 //! any other type is the converter's F32 file passed through llama-quantize.
 
+pub mod card;
 pub mod hf;
 pub mod mix;
 pub mod naming;

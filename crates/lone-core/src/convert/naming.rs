@@ -1,8 +1,6 @@
 //! The `general.*` names llama.cpp's converter derives from a checkpoint's directory name
 //! (gguf-py's `Metadata.get_model_id_components`, `id_to_title` and `size_label`).
-//!
-//! lone reads the directory name only: a model card (`README.md` front matter) is not parsed,
-//! so license, tags, base models and languages are not copied.
+//! The model card and `_name_or_path` come first: see [`super::card`].
 
 use regex::Regex;
 
