@@ -64,7 +64,8 @@ def main() -> None:
     src = a.source.resolve()
     params = json.loads(run(LONE, "inspect", src, "--json", "--no-tensors").stdout)["params"]
     rows = []
-    jl = (a.out / f"{a.name}.jsonl").open("w")
+    # --types '' (only the --target-bpw rows) adds to an earlier run's rows.
+    jl = (a.out / f"{a.name}.jsonl").open("w" if a.types else "a")
 
     def emit(row):
         rows.append(row)
@@ -78,7 +79,7 @@ def main() -> None:
         cwd=a.out)
     run(IMATRIX, "-m", src, "-f", CALIB, "-o", "llama.imatrix.gguf", "-c", "256", "--no-ppl",
         "-t", "2", cwd=a.out)
-    for t in a.types.split(","):
+    for t in [x for x in a.types.split(",") if x]:
         for im in [None, "lone.imatrix.gguf", "llama.imatrix.gguf"]:
             if im == "llama.imatrix.gguf" and t not in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_0"):
                 continue

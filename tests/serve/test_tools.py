@@ -4,13 +4,15 @@ real templates, response_format json_object / json_schema, client.chat.completio
 pydantic model, llama-server's grammar / json_schema fields, and bad requests as 400s."""
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from conftest import ROOT, SMOL, TINY, Server, need_smol
+from conftest import LONE, ROOT, SMOL, TINY, Server, need_smol
 
 REF = ROOT / "tests" / "reference" / "tokenizer"
 TEMPLATES = REF / "assets" / "chat-templates"
@@ -343,7 +345,6 @@ def lfm2_real_vocab_model(tmp: Path) -> Path:
     """The tiny LFM2 fixture widened to the real LFM2 tokenizer (65 536 logits; the embedding
     rows tiled), with the LFM2.5 template that renders tools and tool calls: LFM2's own
     tool-call format, markers as special tokens."""
-    import shutil
     import struct
 
     src = TINY / "model.safetensors"
@@ -455,3 +456,40 @@ def test_strict_tools_are_validated_after_parsing(tiny_tools):
     bad_schema = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "object", "properties": {"a": {"type": 12}}}}}
     r = tiny_tools.post("/v1/chat/completions", json={"messages": ASK, "tools": [bad_schema]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_a_tool_use_template_serves_the_requests_with_tools(tmp_path):
+    """A checkpoint with named chat templates (tokenizer_config.json's list: default +
+    tool_use), as a directory and converted to GGUF (`tokenizer.chat_template.tool_use`):
+    requests with tools render with the tool_use template, the others with the default, as
+    transformers' apply_chat_template and llama-server choose; --chat-template-file replaces
+    both."""
+    qwen = (TEMPLATES / "Qwen2.5-Instruct.jinja").read_text()
+    chatml = (TINY / "chat_template.jinja").read_text()
+    d = tmp_path / "named-templates"
+    d.mkdir()
+    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / f, d / f)
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    tc["chat_template"] = [{"name": "default", "template": chatml}, {"name": "tool_use", "template": qwen}]
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    gguf = tmp_path / "named-templates.gguf"  # the fixture tokenizer's pre-tokenizer is named as generate.py does
+    subprocess.run([str(LONE), "convert", str(d), "-o", str(gguf), "-t", "F32", "--tokenizer-pre", "gpt-2"], check=True, capture_output=True)
+    with_tools = {"messages": ASK, "tools": [WEATHER]}
+
+    def prompts(*args):
+        s = Server(*args)
+        try:
+            return (s.post("/apply-template", json={"messages": ASK}).json()["prompt"],
+                    s.post("/apply-template", json=with_tools).json()["prompt"])
+        finally:
+            s.stop()
+
+    plain, _ = prompts(TINY)
+    _, tools = prompts(TINY, "--chat-template-file", str(TEMPLATES / "Qwen2.5-Instruct.jinja"))
+    assert "<tools>" in tools and "<tools>" not in plain
+    for model in (d, gguf):
+        assert prompts(model) == (plain, tools), model
+    # An explicit template serves every request.
+    over_plain, over_tools = prompts(gguf, "--chat-template-file", str(TINY / "chat_template.jinja"))
+    assert over_plain == plain and "<tools>" not in over_tools

@@ -13,6 +13,9 @@ use crate::tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
 pub struct TextIo {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// The `tool_use` template, where the model has one besides the default: requests with
+    /// tools render with it (as transformers and llama.cpp choose).
+    pub tool_template: Option<ChatTemplate>,
     /// Model config + generation_config + tokenizer EOS ids (and `<|im_end|>` where present).
     pub eos_ids: Vec<u32>,
 }
@@ -23,7 +26,14 @@ impl TextIo {
             WeightFiles::Gguf(g) => Tokenizer::from_gguf(g)?,
             WeightFiles::Safetensors(_) => Tokenizer::from_dir(path)?,
         };
-        let template = tokenizer.chat_template_renderer()?;
+        let tool_template = tokenizer.chat_template_renderer_named("tool_use")?;
+        // Without a default, the tool_use template serves every request (llama.cpp's rule).
+        let template = match tokenizer.chat_template_renderer()? {
+            None if tool_template.is_some() => {
+                tokenizer.chat_template_renderer_named("tool_use")?
+            }
+            t => t,
+        };
         let mut eos_ids = model.cfg.eos_token_ids.clone();
         for &id in tokenizer.eos_ids() {
             if !eos_ids.contains(&id) {
@@ -40,6 +50,7 @@ impl TextIo {
         Ok(TextIo {
             tokenizer,
             template,
+            tool_template,
             eos_ids,
         })
     }
@@ -66,10 +77,26 @@ impl TextIo {
         add_generation_prompt: bool,
         tools: Option<&Json>,
     ) -> Result<String> {
-        let t = self.template.as_ref().ok_or_else(|| {
+        let t = self.template_for(tools.is_some()).ok_or_else(|| {
             Error::Template("this model has no chat template; use a raw prompt instead".into())
         })?;
         t.render(messages, add_generation_prompt, tools, None)
+    }
+
+    /// The template a request renders with: the `tool_use` one when it has tools and the
+    /// model has such a template, else the default.
+    pub fn template_for(&self, with_tools: bool) -> Option<&ChatTemplate> {
+        match &self.tool_template {
+            Some(t) if with_tools => Some(t),
+            _ => self.template.as_ref(),
+        }
+    }
+
+    /// Replace the chat template (e.g. `--chat-template-file`): it then serves every request,
+    /// with tools or not.
+    pub fn set_template(&mut self, template: ChatTemplate) {
+        self.template = Some(template);
+        self.tool_template = None;
     }
 
     /// A single user turn, optionally after a system message.

@@ -163,3 +163,42 @@ fn stream_holds_back_split_characters() {
     assert_eq!(acc, tok.decode(cut, false).unwrap());
     assert!(sd.finish().unwrap().is_none());
 }
+
+/// Named templates of a directory: the non-default entries of a tokenizer_config.json
+/// `chat_template` list, and `additional_chat_templates/NAME.jinja` beside
+/// `chat_template.jinja` (transformers' two layouts for them).
+#[test]
+fn named_chat_templates_of_a_directory() {
+    let src = reference().join("assets/qwen2.5");
+    let tmp = tempfile::tempdir().unwrap();
+    let list = tmp.path().join("list");
+    let jinja = tmp.path().join("jinja");
+    for d in [&list, &jinja] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::copy(src.join("tokenizer.json"), d.join("tokenizer.json")).unwrap();
+    }
+    let cfg = serde_json::json!({"chat_template": [
+        {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
+    std::fs::write(list.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let tok = Tokenizer::from_dir(&list).unwrap();
+    assert_eq!(tok.chat_template(), Some("D"));
+    assert_eq!(tok.chat_template_named("tool_use"), Some("T"));
+    assert_eq!(tok.named_chat_templates().len(), 1);
+
+    std::fs::write(jinja.join("tokenizer_config.json"), "{}").unwrap();
+    std::fs::write(jinja.join("chat_template.jinja"), "D2").unwrap();
+    std::fs::create_dir(jinja.join("additional_chat_templates")).unwrap();
+    for (n, t) in [("tool_use", "T2"), ("rag", "R2")] {
+        let p = jinja.join(format!("additional_chat_templates/{n}.jinja"));
+        std::fs::write(p, t).unwrap();
+    }
+    std::fs::write(jinja.join("additional_chat_templates/notes.txt"), "x").unwrap();
+    let tok = Tokenizer::from_dir(&jinja).unwrap();
+    assert_eq!(tok.chat_template(), Some("D2"));
+    let named: Vec<(&str, &str)> = tok
+        .named_chat_templates()
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(named, [("rag", "R2"), ("tool_use", "T2")]);
+}

@@ -89,17 +89,26 @@ fn checkpoints_convert_to_the_bytes_llama_cpps_converter_writes() {
 }
 
 #[test]
-fn model_cards_give_the_converters_general_metadata() {
+fn model_cards_and_named_templates_give_the_converters_metadata() {
     // tests/reference/convert/model_card.py: the llama fixture in directories with a README.md
-    // (front matter or none) and a config.json `_name_or_path`, converted by llama.cpp.
+    // (front matter or none), a config.json `_name_or_path`, named chat templates
+    // (tokenizer_config.json lists, additional_chat_templates/), converted by llama.cpp.
     let refs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(reference().join("convert/model-card.json")).unwrap(),
     )
     .unwrap();
     let cases = refs["cases"].as_array().unwrap();
-    assert!(cases.len() >= 4);
+    assert!(cases.len() >= 7);
     let tmp = tempfile::tempdir().unwrap();
     let src = fixture("llama");
+    let merge = |path: &Path, with: &serde_json::Value| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for (k, x) in with.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        std::fs::write(path, serde_json::to_string(&v).unwrap()).unwrap();
+    };
     for c in cases {
         let dir = tmp.path().join(c["dir"].as_str().unwrap());
         std::fs::create_dir(&dir).unwrap();
@@ -113,29 +122,42 @@ fn model_cards_give_the_converters_general_metadata() {
         ] {
             std::fs::copy(src.join(f), dir.join(f)).unwrap();
         }
-        let mut cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
-                .unwrap();
-        for (k, v) in c["config"].as_object().unwrap() {
-            cfg[k] = v.clone();
+        merge(&dir.join("config.json"), &c["config"]);
+        if let Some(tc) = c.get("tokenizer_config") {
+            merge(&dir.join("tokenizer_config.json"), tc);
         }
-        std::fs::write(
-            dir.join("config.json"),
-            serde_json::to_string(&cfg).unwrap(),
-        )
-        .unwrap();
+        for f in c
+            .get("remove")
+            .and_then(|r| r.as_array())
+            .into_iter()
+            .flatten()
+        {
+            std::fs::remove_file(dir.join(f.as_str().unwrap())).unwrap();
+        }
+        for (f, text) in c
+            .get("files")
+            .and_then(|r| r.as_object())
+            .into_iter()
+            .flatten()
+        {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text.as_str().unwrap()).unwrap();
+        }
         std::fs::write(dir.join("README.md"), c["readme"].as_str().unwrap()).unwrap();
-        let out = tmp.path().join("out.gguf");
+        let out = tmp
+            .path()
+            .join(format!("{}.gguf", c["dir"].as_str().unwrap()));
         let got = convert(&dir, &out, "F32");
+        let o = lone()
+            .arg("inspect")
+            .arg(&out)
+            .args(["--json", "--no-tensors"])
+            .output()
+            .unwrap();
         if sha256(&got) != c["sha256"].as_str().unwrap() {
-            let o = lone()
-                .arg("inspect")
-                .arg(&out)
-                .args(["--json", "--no-tensors"])
-                .output()
-                .unwrap();
             panic!(
-                "{}: lone wrote {} bytes, the converter {}; the converter's general.*: {}\nlone's file: {}",
+                "{}: lone wrote {} bytes, the converter {}; the converter's metadata: {}\nlone's file: {}",
                 c["dir"],
                 got.len(),
                 c["size"],
@@ -143,6 +165,25 @@ fn model_cards_give_the_converters_general_metadata() {
                 String::from_utf8_lossy(&o.stdout)
             );
         }
+        // What lone then renders with: the default template, the named ones beside it, and
+        // llama.cpp's rule that a tool_use template stands in for a missing default.
+        let info: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let meta = &c["general"];
+        let named = meta["tokenizer.chat_templates"].as_array().cloned();
+        for n in named.iter().flatten() {
+            let n = n.as_str().unwrap();
+            assert_eq!(
+                info["chat_templates"][n],
+                meta[format!("tokenizer.chat_template.{n}")],
+                "{}",
+                c["dir"]
+            );
+        }
+        let default = match &meta["tokenizer.chat_template"] {
+            serde_json::Value::Null => &meta["tokenizer.chat_template.tool_use"],
+            t => t,
+        };
+        assert_eq!(&info["chat_template"], default, "{}", c["dir"]);
     }
 }
 

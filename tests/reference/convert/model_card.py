@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Record what llama.cpp's converter writes for checkpoints with a model card, so that
-`lone convert` can be checked against it (crates/lone/tests/convert.rs).
+"""Record what llama.cpp's converter writes for checkpoints with a model card (and with named
+chat templates), so that `lone convert` can be checked against it (crates/lone/tests/convert.rs).
 
 Each case copies the llama fixture checkpoint (tests/reference/fixtures/llama) into a
 directory named `case["dir"]`, with `case["readme"]` as its README.md and `case["config"]`
-merged into its config.json, runs convert_hf_to_gguf.py --outtype f32 on it (with the one
+merged into its config.json, `case["tokenizer_config"]` (if any) merged into its
+tokenizer_config.json, the files of `case["remove"]` deleted and those of `case["files"]`
+({path: text}) written, runs convert_hf_to_gguf.py --outtype f32 on it (with the one
 patch tests/reference/generate.py applies: the fixture tokenizer's pre-tokenizer is "gpt-2")
 and records the output's size, sha256 and `general.*` metadata in `model-card.json`. The
 cases themselves are in that file too, so the test rebuilds the same directories.
@@ -106,6 +108,40 @@ dataset: OrgX/Some-Data-v1.1
         "readme": "# Just a title\n\n---\nlicense: mit\n---\n",
         "config": {"_name_or_path": "AnOrg/Plain-Model-350M"},
     },
+    {
+        # Named chat templates in tokenizer_config.json (no chat_template.jinja): a default
+        # and a tool_use one, as Hermes/Command-R style checkpoints ship them.
+        "dir": "tool-templates",
+        "readme": "# t\n",
+        "config": {},
+        "remove": ["chat_template.jinja"],
+        "tokenizer_config": {"chat_template": [
+            {"name": "default", "template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+            {"name": "tool_use", "template":
+                "{{ tools | tojson }}{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+        ]},
+    },
+    {
+        # chat_template.jinja with additional_chat_templates/ (transformers' save layout); the
+        # name's '-' becomes '_'.
+        "dir": "jinja-templates",
+        "readme": "# t\n",
+        "config": {},
+        "files": {"additional_chat_templates/rag-v1.jinja":
+                  "RAG {% for m in messages %}{{ m['content'] }}{% endfor %}"},
+    },
+    {
+        # A list with no default (only a tool_use template and a nameless entry): no
+        # tokenizer.chat_template at all.
+        "dir": "no-default",
+        "readme": "# t\n",
+        "config": {},
+        "remove": ["chat_template.jinja"],
+        "tokenizer_config": {"chat_template": [
+            {"name": "tool_use", "template": "TOOLS {{ tools | tojson }}"},
+            {"name": "", "template": "ignored"},
+        ]},
+    },
 ]
 
 
@@ -119,6 +155,15 @@ def build(case: dict, root: Path) -> Path:
     cfg.update(case["config"])
     (d / "config.json").write_text(json.dumps(cfg, indent=2))
     (d / "README.md").write_text(case["readme"])
+    if "tokenizer_config" in case:
+        tc = json.loads((d / "tokenizer_config.json").read_text())
+        tc.update(case["tokenizer_config"])
+        (d / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+    for f in case.get("remove", []):
+        (d / f).unlink()
+    for f, text in case.get("files", {}).items():
+        (d / f).parent.mkdir(parents=True, exist_ok=True)
+        (d / f).write_text(text)
     return d
 
 
@@ -139,7 +184,7 @@ def main() -> None:
             data = dst.read_bytes()
             general = {}
             for f in GGUFReader(dst).fields.values():
-                if f.name.startswith("general."):
+                if f.name.startswith("general.") or f.name.startswith("tokenizer.chat_template"):
                     general[f.name] = f.contents()
             out["cases"].append({**case, "size": len(data),
                                  "sha256": hashlib.sha256(data).hexdigest(),

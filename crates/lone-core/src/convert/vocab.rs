@@ -417,28 +417,77 @@ pub fn add_gpt2_vocab(
         }
     }
 
-    // Chat template: tokenizer_config.json's, else chat_template.jinja / chat_template.json.
+    // Chat template: tokenizer_config.json's, else chat_template.jinja (with the named
+    // templates of additional_chat_templates/) / chat_template.json.
     if let Some(cfg) = tc.as_ref() {
         let alt = if dir.join("chat_template.jinja").is_file() {
-            Some(Value::String(crate::error::read_text(
-                &dir.join("chat_template.jinja"),
-            )?))
+            let default = crate::error::read_text(&dir.join("chat_template.jinja"))?;
+            let extra = crate::tokenizer::additional_chat_templates(dir)?;
+            if extra.is_empty() {
+                Some(Value::String(default))
+            } else {
+                let mut list = vec![serde_json::json!({"name": "default", "template": default})];
+                list.extend(
+                    extra
+                        .into_iter()
+                        .map(|(name, t)| serde_json::json!({"name": name, "template": t})),
+                );
+                Some(Value::Array(list))
+            }
         } else {
             read_json(&dir.join("chat_template.json"))?
                 .and_then(|j| j.get("chat_template").cloned())
         };
-        let template = cfg.get("chat_template").cloned().or(alt);
-        let text = match template {
-            Some(Value::String(s)) => Some(s),
-            Some(Value::Array(list)) => list
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
-            _ => None,
-        };
-        if let Some(t) = text {
-            kv.set("tokenizer.chat_template", MetaValue::String(t));
+        match cfg.get("chat_template").cloned().or(alt) {
+            Some(Value::String(s)) => kv.set("tokenizer.chat_template", MetaValue::String(s)),
+            Some(Value::Array(list)) => set_chat_templates(kv, &list),
+            _ => {}
         }
     }
     Ok(())
+}
+
+/// A list of `{name, template}` as gguf-py's `add_chat_template` writes it: each named one
+/// (its name with every character but ASCII letters and digits made `_`) as
+/// `tokenizer.chat_template.NAME`, then `tokenizer.chat_templates` listing those names, then
+/// the `default` one as `tokenizer.chat_template`. gguf-py lists the names in the order of a
+/// Python set (arbitrary when there are several); lone keeps their order in the list.
+fn set_chat_templates(kv: &mut super::Plan, list: &[Value]) {
+    let mut default = None;
+    let mut names: Vec<String> = Vec::new();
+    for choice in list {
+        let name: String = choice
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let Some(template) = choice.get("template").and_then(Value::as_str) else {
+            continue;
+        };
+        if name.is_empty() {
+            continue;
+        }
+        if name == "default" {
+            default = Some(template.to_string());
+        } else {
+            kv.set(
+                &format!("tokenizer.chat_template.{name}"),
+                MetaValue::String(template.to_string()),
+            );
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    if !names.is_empty() {
+        kv.set(
+            "tokenizer.chat_templates",
+            MetaValue::Array(names.into_iter().map(MetaValue::String).collect()),
+        );
+    }
+    if let Some(t) = default {
+        kv.set("tokenizer.chat_template", MetaValue::String(t));
+    }
 }

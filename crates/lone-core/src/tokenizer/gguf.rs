@@ -48,6 +48,8 @@ pub struct GgufVocab {
     pub add_eos: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.chat_template.NAME` (named templates such as `tool_use`), by name.
+    pub named_templates: Vec<(String, String)>,
 }
 
 fn meta_err(key: &str, what: &str) -> Error {
@@ -145,6 +147,14 @@ impl GgufVocab {
                 .meta("tokenizer.chat_template")
                 .and_then(MetaValue::as_str)
                 .map(str::to_string),
+            named_templates: gguf
+                .metadata
+                .iter()
+                .filter_map(|(k, v)| {
+                    let name = k.strip_prefix("tokenizer.chat_template.")?;
+                    Some((name.to_string(), v.as_str()?.to_string()))
+                })
+                .collect(),
         })
     }
 
@@ -398,7 +408,7 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
     };
     let mut tok = Tokenizer::from_parts(inner, Default::default());
     tok.set_special(special, add_bos);
-    tok.set_chat_template(v.chat_template.clone());
+    tok.set_chat_templates(v.chat_template.clone(), v.named_templates.clone());
     Ok(tok)
 }
 

@@ -29,6 +29,8 @@ pub struct Tokenizer {
     special: SpecialTokens,
     add_bos: bool,
     chat_template: Option<String>,
+    /// Named templates besides the default (`tool_use`, `rag`, ...), by name.
+    named_templates: Vec<(String, String)>,
 }
 
 /// Names and ids of the special tokens (`bos_token`, `eos_token`, ... as transformers calls them).
@@ -99,6 +101,8 @@ pub struct TokenizerConfig {
     /// tokenizer_config.json `chat_template` (a string, or the `default` entry of a list of
     /// `{name, template}`).
     pub chat_template: Option<String>,
+    /// The other entries of such a list, and `additional_chat_templates/NAME.jinja`.
+    pub named_chat_templates: Vec<(String, String)>,
 }
 
 impl TokenizerConfig {
@@ -135,7 +139,10 @@ impl TokenizerConfig {
             cfg.add_eos_token = c.get("add_eos_token").and_then(Json::as_bool);
             cfg.chat_template = match c.get("chat_template") {
                 Some(Json::String(s)) => Some(s.clone()),
-                Some(Json::Array(list)) => template_from_list(list, &config_path)?,
+                Some(Json::Array(list)) => {
+                    cfg.named_chat_templates = named_from_list(list);
+                    template_from_list(list, &config_path)?
+                }
                 _ => None,
             };
         }
@@ -144,8 +151,51 @@ impl TokenizerConfig {
             let text = crate::error::read_text(&jinja)?;
             cfg.chat_template = Some(text);
         }
+        for (name, t) in additional_chat_templates(dir)? {
+            match cfg
+                .named_chat_templates
+                .iter_mut()
+                .find(|(n, _)| *n == name)
+            {
+                Some(slot) => slot.1 = t,
+                None => cfg.named_chat_templates.push((name, t)),
+            }
+        }
         Ok(cfg)
     }
+}
+
+/// The named entries (not `default`) of a `chat_template` list.
+fn named_from_list(list: &[Json]) -> Vec<(String, String)> {
+    list.iter()
+        .filter_map(|e| {
+            let name = e.get("name")?.as_str()?;
+            let tpl = e.get("template")?.as_str()?;
+            (name != "default").then(|| (name.to_string(), tpl.to_string()))
+        })
+        .collect()
+}
+
+/// `additional_chat_templates/NAME.jinja` of a model directory (transformers' layout for
+/// named templates beside `chat_template.jinja`), sorted by name.
+pub fn additional_chat_templates(dir: &Path) -> Result<Vec<(String, String)>> {
+    let sub = dir.join("additional_chat_templates");
+    let mut out = Vec::new();
+    if !sub.is_dir() {
+        return Ok(out);
+    }
+    let entries = std::fs::read_dir(&sub).map_err(|e| Error::io(&sub, e))?;
+    for e in entries {
+        let path = e.map_err(|e| Error::io(&sub, e))?.path();
+        if path.extension().and_then(|x| x.to_str()) != Some("jinja") || !path.is_file() {
+            continue;
+        }
+        if let Some(name) = path.file_stem().and_then(|s| s.to_str()) {
+            out.push((name.to_string(), crate::error::read_text(&path)?));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn template_from_list(list: &[Json], path: &Path) -> Result<Option<String>> {
@@ -212,6 +262,7 @@ impl Tokenizer {
             special: SpecialTokens::default(),
             add_bos: false,
             chat_template: None,
+            named_templates: Vec::new(),
         };
         tok.apply_config(cfg);
         tok
@@ -242,6 +293,7 @@ impl Tokenizer {
             })
         });
         self.chat_template = cfg.chat_template;
+        self.named_templates = cfg.named_chat_templates;
     }
 
     pub(crate) fn set_special(&mut self, special: SpecialTokens, add_bos: bool) {
@@ -249,8 +301,9 @@ impl Tokenizer {
         self.add_bos = add_bos;
     }
 
-    pub(crate) fn set_chat_template(&mut self, tpl: Option<String>) {
+    pub(crate) fn set_chat_templates(&mut self, tpl: Option<String>, named: Vec<(String, String)>) {
         self.chat_template = tpl;
+        self.named_templates = named;
     }
 
     /// Encodes text. `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS).
@@ -345,15 +398,32 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// The named templates besides the default (`tool_use`, ...), as (name, source).
+    pub fn named_chat_templates(&self) -> &[(String, String)] {
+        &self.named_templates
+    }
+
+    /// The source of the template called `name`, if the tokenizer files carry one.
+    pub fn chat_template_named(&self, name: &str) -> Option<&str> {
+        self.named_templates
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.as_str())
+    }
+
     /// A [`ChatTemplate`] for this tokenizer's template and special tokens, if it has one.
     pub fn chat_template_renderer(&self) -> Result<Option<ChatTemplate>> {
-        match &self.chat_template {
-            None => Ok(None),
-            Some(src) => Ok(Some(ChatTemplate::with_special_tokens(
-                src,
-                &self.special.template_vars(),
-            )?)),
-        }
+        self.renderer(self.chat_template.as_deref())
+    }
+
+    /// A [`ChatTemplate`] for the named template (e.g. `tool_use`), if there is one.
+    pub fn chat_template_renderer_named(&self, name: &str) -> Result<Option<ChatTemplate>> {
+        self.renderer(self.chat_template_named(name))
+    }
+
+    fn renderer(&self, src: Option<&str>) -> Result<Option<ChatTemplate>> {
+        src.map(|s| ChatTemplate::with_special_tokens(s, &self.special.template_vars()))
+            .transpose()
     }
 
     /// A streaming decoder over this tokenizer.

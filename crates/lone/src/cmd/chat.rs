@@ -577,7 +577,7 @@ mod tests {
             .join("../../tests/reference/fixtures/lfm2_a");
         let model = Model::load(&dir).unwrap();
         let mut text = TextIo::load(&model, &dir).unwrap();
-        text.template = Some(ChatTemplate::new(template, None, None).unwrap());
+        text.set_template(ChatTemplate::new(template, None, None).unwrap());
         text
     }
 

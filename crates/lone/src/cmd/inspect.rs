@@ -115,6 +115,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
             "eos_ids": text.eos_ids, "add_bos": tok.add_bos_token(),
         },
         "chat_template": text.template.as_ref().map(|t| t.source()),
+        "chat_templates": tok.named_chat_templates().iter()
+            .map(|(n, t)| (n.clone(), json!(t))).collect::<serde_json::Map<_, _>>(),
         "tensors": tensors.iter().map(|t| json!({
             "name": t.name, "type": t.dtype, "shape": t.shape, "bytes": t.bytes,
         })).collect::<Vec<_>>(),
@@ -216,6 +218,14 @@ pub fn run(a: InspectArgs) -> Result<()> {
             writeln!(o, "chat template: {} bytes{tools}", src.len())?;
         }
         None => writeln!(o, "chat template: none")?,
+    }
+    for (name, src) in tok.named_chat_templates() {
+        let used = if name == "tool_use" {
+            " (requests with tools)"
+        } else {
+            ""
+        };
+        writeln!(o, "chat template '{name}': {} bytes{used}", src.len())?;
     }
     if !a.no_tensors {
         writeln!(o, "tensors ({}):", tensors.len())?;

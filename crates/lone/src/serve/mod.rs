@@ -276,7 +276,7 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
         let src = std::fs::read_to_string(f)
             .with_context(|| format!("cannot read the chat template {}", f.display()))?;
         let vars = text.tokenizer.special_tokens().template_vars();
-        text.template = Some(
+        text.set_template(
             lone_core::tokenizer::ChatTemplate::with_special_tokens(&src, &vars)
                 .with_context(|| format!("bad chat template {}", f.display()))?,
         );

@@ -31,7 +31,8 @@ pub struct ToolSupport {
 
 impl ToolSupport {
     pub fn new(text: &TextIo, vocab: usize) -> ToolSupport {
-        let src = text.template.as_ref().map(|t| t.source());
+        // Requests with tools render with the tool_use template where there is one.
+        let src = text.template_for(true).map(|t| t.source());
         let tok = &text.tokenizer;
         let format = ToolFormat::detect(src, |t| tok.token_to_id(t).is_some());
         let start = format.markers().0;
