@@ -215,6 +215,91 @@ fn convert_writes_the_split_of_llama_quantizes_file() {
     assert!(!out.exists(), "a split output writes only the parts");
 }
 
+#[test]
+fn keep_split_is_the_cut_llama_quantize_keeps() {
+    // `lone convert SPLIT -t T --keep-split` against `llama-quantize --keep-split` of the same
+    // parts (themselves lone gguf-split's, checked above to be llama-gguf-split's).
+    let rec = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = reference().join("fixtures/llama/model-f32.gguf");
+    for name in ["llama-f32-t5", "llama-f32-t7-nofirst"] {
+        let prefix = dir.path().join(name);
+        let o = lone()
+            .arg("gguf-split")
+            .args(args_of(case(&rec, name)))
+            .arg(&fixture)
+            .arg(&prefix)
+            .output()
+            .unwrap();
+        ok(o, name);
+    }
+    for c in rec["keep_split"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let input = match c["source"].as_str().unwrap() {
+            "fixtures/llama/model-f32.gguf" => fixture.clone(),
+            s => dir.path().join(format!("{s}-00001-of-00004.gguf")),
+        };
+        let out = dir.path().join(format!("{name}.gguf"));
+        let o = lone()
+            .arg("convert")
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .args(["-t", c["type"].as_str().unwrap(), "--keep-split"])
+            .output()
+            .unwrap();
+        ok(o, name);
+        check_parts(c, &dir.path().join(name));
+        assert!(!out.exists(), "{name}: only the parts are written");
+    }
+    // The parts load as one model; a checkpoint directory has no cut to keep; the output may
+    // not replace the input's parts; --keep-split goes with no other split option.
+    let first = dir.path().join("llama-f32-t5-q4_k_m-00001-of-00004.gguf");
+    ok(
+        lone()
+            .args(["run", "--prompt-ids", "1,2,3", "-n", "2", "--model"])
+            .arg(&first)
+            .output()
+            .unwrap(),
+        "run the kept split",
+    );
+    let keep = |input: &Path, out: &Path, extra: &[&str]| {
+        lone()
+            .arg("convert")
+            .arg(input)
+            .arg("-o")
+            .arg(out)
+            .args(["-t", "Q8_0", "--keep-split", "--force"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    fails_with(
+        keep(
+            &reference().join("fixtures/llama"),
+            &dir.path().join("x.gguf"),
+            &[],
+        ),
+        "needs a GGUF input",
+    );
+    fails_with(
+        keep(
+            &dir.path().join("llama-f32-t5-00001-of-00004.gguf"),
+            &dir.path().join("llama-f32-t5.gguf"),
+            &[],
+        ),
+        "would overwrite an input part",
+    );
+    fails_with(
+        keep(
+            &first,
+            &dir.path().join("y.gguf"),
+            &["--split-max-tensors", "3"],
+        ),
+        "cannot be used with",
+    );
+}
+
 /// `lone run --prompt-ids … --dump-logits` on `model`: the logits file's bytes and the ids.
 fn logits(model: &Path, npy: &Path) -> (Vec<u8>, Value) {
     let o = ok(

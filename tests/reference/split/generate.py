@@ -8,7 +8,10 @@ Cases (sha256 and size of every part, in `llama-gguf-split.json`):
 - llama-quantize's Q4_K_M of the lfm2_a fixture, split by `--split-max-tensors 9` (what
   `lone convert … -t Q4_K_M --split-max-tensors 9` must write);
 - the default model (SmolLM2-135M-Instruct Q4_1, scripts/fetch-default-model.sh) split by
-  `--split-max-size 40M`, and those parts merged back with `--merge`.
+  `--split-max-size 40M`, and those parts merged back with `--merge`;
+- `llama-quantize --keep-split` (in `keep_split`): the two llama-f32 splits above requantized
+  to Q4_K_M and Q8_0 part by part (the second with a tensorless first part), and the one-file
+  llama fixture to Q8_0 (one part, named `-00001-of-00001`).
 
     python3 tests/reference/split/generate.py [--llama-bin DIR]
 
@@ -79,6 +82,16 @@ def main() -> None:
                        check=True, capture_output=True)
         out["merged"] = {"from": "smollm2-40M", "bytes": merged.stat().st_size,
                          "sha256": sha256(merged)}
+        out["keep_split"] = []
+        for name, source, first, ty in [
+            ("llama-f32-t5-q4_k_m", "llama-f32-t5", t / "llama-f32-t5-00001-of-00004.gguf", "Q4_K_M"),
+            ("llama-f32-t7-nofirst-q8_0", "llama-f32-t7-nofirst",
+             t / "llama-f32-t7-nofirst-00001-of-00004.gguf", "Q8_0"),
+            ("llama-f32-q8_0", "fixtures/llama/model-f32.gguf", FIXTURES / "llama/model-f32.gguf", "Q8_0"),
+        ]:
+            subprocess.run([args.llama_bin / "llama-quantize", "--keep-split", first, t / f"{name}.gguf", ty],
+                           check=True, capture_output=True)
+            out["keep_split"].append({"name": name, "source": source, "type": ty, "parts": parts(t / name)})
     (HERE / "llama-gguf-split.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {HERE / 'llama-gguf-split.json'}")
 

@@ -121,6 +121,52 @@ pub fn split(plan: &Plan, opts: SplitOptions) -> Result<Vec<Plan>> {
     Ok(parts)
 }
 
+/// The parts of `plan` (a requantization of the GGUF `source`) cut where `source` is cut, as
+/// `llama-quantize --keep-split` writes them: each tensor in the part its source tensor is in,
+/// in the source's order (part, then offset); the first part has every key, the others none
+/// but the split keys (`split.no`, `split.count`, `split.tensors.count`, in that order),
+/// which a one-part source does not get. Name the parts with [`part_paths`].
+pub fn keep_split(plan: &Plan, source: &GgufFile) -> Result<Vec<Plan>> {
+    let place: std::collections::HashMap<&str, (usize, usize)> = source
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), (t.file, t.offset)))
+        .collect();
+    let mut placed = Vec::with_capacity(plan.tensors.len());
+    for t in &plan.tensors {
+        let Some(&at) = place.get(t.name.as_str()) else {
+            return Err(Error::Config(format!(
+                "--keep-split: tensor '{}' is not in {}",
+                t.name,
+                source.path.display()
+            )));
+        };
+        placed.push((at, t));
+    }
+    placed.sort_by_key(|(at, _)| *at);
+    let count = placed.iter().map(|((f, _), _)| f + 1).max().unwrap_or(1);
+    let mut parts: Vec<Plan> = (0..count).map(|_| Plan::default()).collect();
+    parts[0].kv = plan.kv.clone();
+    for ((file, _), t) in placed {
+        parts[file].tensors.push(t.clone());
+    }
+    if let Some(i) = (1..count).find(|&i| parts[i].tensors.is_empty()) {
+        return Err(Error::Config(format!(
+            "--keep-split: part {} of {} holds no tensors of the output",
+            i + 1,
+            source.path.display()
+        )));
+    }
+    if count > 1 {
+        for (i, p) in parts.iter_mut().enumerate() {
+            p.set_last(SPLIT_NO, MetaValue::U16(i as u16));
+            p.set_last(SPLIT_COUNT, MetaValue::U16(count as u16));
+            p.set_last(SPLIT_TENSORS, MetaValue::I32(plan.tensors.len() as i32));
+        }
+    }
+    Ok(parts)
+}
+
 /// The part paths for `out` (`NAME.gguf` or a bare prefix): `NAME-00001-of-0000N.gguf`, ….
 pub fn part_paths(out: &Path, count: usize) -> Vec<PathBuf> {
     let s = out.to_string_lossy();

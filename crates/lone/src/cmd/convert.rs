@@ -76,6 +76,10 @@ pub struct SplitArgs {
     /// In a split output, keep the first part to the metadata alone.
     #[arg(long)]
     pub no_tensor_first_split: bool,
+    /// Cut the output where the (split) GGUF input is cut: `OUT-00001-of-0000N.gguf` …, as
+    /// `llama-quantize --keep-split` (a one-part input gives `OUT-00001-of-00001.gguf`).
+    #[arg(long, conflicts_with_all = ["split_max_tensors", "split_max_size", "no_tensor_first_split"])]
+    pub keep_split: bool,
 }
 
 impl SplitArgs {
@@ -113,7 +117,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     // Before any work (a --target-bpw search takes minutes); a split's part names are checked
     // once the plan is cut.
     let split_opts = a.split.options(None)?;
-    if split_opts.is_none() && a.out.exists() && !a.force {
+    let keep_split = match a.split.keep_split {
+        false => None,
+        true => Some(
+            lone_core::loader::gguf::GgufFile::open(&a.input).with_context(|| {
+                format!("--keep-split needs a GGUF input ({})", a.input.display())
+            })?,
+        ),
+    };
+    if split_opts.is_none() && keep_split.is_none() && a.out.exists() && !a.force {
         bail!("{} exists; pass --force to overwrite it", a.out.display());
     }
     if a.out.canonicalize().ok() == a.input.canonicalize().ok() {
@@ -204,7 +216,28 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         );
     }
     let start = Instant::now();
-    let outputs = outputs(&a.out, &plan, split_opts, a.force)?;
+    let outputs = match &keep_split {
+        Some(src) => {
+            let parts = split::keep_split(&plan, src)?;
+            let paths = split::part_paths(&a.out, parts.len());
+            let inputs: Vec<_> = src
+                .parts
+                .iter()
+                .filter_map(|p| p.canonicalize().ok())
+                .collect();
+            if let Some(p) = paths
+                .iter()
+                .find(|p| p.canonicalize().is_ok_and(|c| inputs.contains(&c)))
+            {
+                bail!(
+                    "the output part {} would overwrite an input part",
+                    p.display()
+                );
+            }
+            checked(paths.into_iter().zip(parts).collect(), a.force)?
+        }
+        None => outputs(&a.out, &plan, split_opts, a.force)?,
+    };
     let written = write_parts(&outputs, threads)?;
     let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
     eprintln!(
@@ -246,6 +279,11 @@ pub fn outputs(
                 .collect()
         }
     };
+    checked(outs, force)
+}
+
+/// `outs`, unless one of its paths exists and not `force`.
+fn checked(outs: Vec<(PathBuf, Plan)>, force: bool) -> Result<Vec<(PathBuf, Plan)>> {
     if !force {
         if let Some((p, _)) = outs.iter().find(|(p, _)| p.exists()) {
             bail!("{} exists; pass --force to overwrite it", p.display());
