@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
+use common::smollm2;
 use expectrl::process::unix::WaitStatus;
 use expectrl::{ControlCode, Eof, Expect, Regex};
 use lone_core::generate::{generate, GenerateOptions};
@@ -24,25 +27,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/reference/fixtures")
         .join(name)
-}
-
-/// The default model, fetched by scripts/test.sh (scripts/fetch-default-model.sh).
-fn smollm2() -> PathBuf {
-    let dir = if let Some(d) = std::env::var_os("LONE_MODELS") {
-        PathBuf::from(d)
-    } else {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-        cache.join("lone/models")
-    };
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-default-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
 }
 
 fn spawn(model: &Path, args: &[&str]) -> Pty {

@@ -7,17 +7,9 @@
 //! - the files lone writes load and generate in lone, and bad inputs fail cleanly.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-use sha2::{Digest, Sha256};
-
-fn lone() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lone"))
-}
-
-fn reference() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
-}
+use common::{lone, reference, sha256};
 
 fn fixture(name: &str) -> PathBuf {
     reference().join("fixtures").join(name)
@@ -58,13 +50,6 @@ fn convert_output(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> std::pr
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn sha256(b: &[u8]) -> String {
-    Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
 }
 
 #[test]

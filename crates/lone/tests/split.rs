@@ -6,38 +6,12 @@
 //! - a wrong part, a missing part, a renamed first part or a wrong tensor count is refused
 //!   with a message.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use common::{fails_with, lone, ok, reference, sha256, smollm2};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-fn lone() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lone"))
-}
-
-fn reference() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
-}
-
-/// The default model, fetched by scripts/test.sh (scripts/fetch-default-model.sh).
-fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("LONE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-            cache.join("lone/models")
-        });
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-default-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
-}
 
 fn recorded() -> Value {
     let s = std::fs::read_to_string(reference().join("split/llama-gguf-split.json")).unwrap();
@@ -45,32 +19,7 @@ fn recorded() -> Value {
 }
 
 fn sha256_file(p: &Path) -> String {
-    Sha256::digest(std::fs::read(p).unwrap())
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
-}
-
-fn ok(o: Output, what: &str) -> Output {
-    assert!(
-        o.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-fn fails_with(o: Output, needle: &str) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success(),
-        "expected a failure mentioning {needle:?}"
-    );
-    assert!(
-        err.contains(needle),
-        "the error should mention {needle:?}: {err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
+    sha256(&std::fs::read(p).unwrap())
 }
 
 /// The parts `prefix-*` must be the recorded case's, part for part.
@@ -190,6 +139,16 @@ fn splits_and_merges_are_the_bytes_llama_gguf_split_writes() {
             .output()
             .unwrap(),
         "exists",
+    );
+    // Merging the merged file again: llama-gguf-split's "not a valid split count".
+    fails_with(
+        lone()
+            .args(["gguf-split", "--merge"])
+            .arg(&merged)
+            .arg(dir.path().join("again.gguf"))
+            .output()
+            .unwrap(),
+        "not a valid split count 0",
     );
 }
 

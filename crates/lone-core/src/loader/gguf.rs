@@ -33,15 +33,13 @@ pub fn split_prefix(path: &Path, i: usize, n: usize) -> Option<String> {
 /// The parts of a split named as [`split_path`] names them when `path` is a first part
 /// (`…-00001-of-0000N.gguf`, N > 1), by name alone; `None` for any other name.
 pub fn split_parts_by_name(path: &Path) -> Option<Vec<PathBuf>> {
-    let s = path.to_str()?;
-    let tail = s.strip_suffix(".gguf")?;
-    let (head, n) = tail.rsplit_once("-of-")?;
-    let (prefix, i) = head.rsplit_once('-')?;
-    if n.len() != 5 || i != "00001" || !n.bytes().all(|b| b.is_ascii_digit()) {
+    let n_text = path.to_str()?.strip_suffix(".gguf")?.rsplit_once("-of-")?.1;
+    if n_text.len() != 5 || !n_text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let n: usize = n.parse().ok()?;
-    (n > 1).then(|| (0..n).map(|i| split_path(prefix, i, n)).collect())
+    let n: usize = n_text.parse().ok()?;
+    let prefix = split_prefix(path, 0, n)?;
+    (n > 1).then(|| (0..n).map(|i| split_path(&prefix, i, n)).collect())
 }
 
 /// One metadata value.
