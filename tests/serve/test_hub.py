@@ -273,7 +273,11 @@ def test_a_checkpoint_repo_downloads_what_lone_reads_and_runs(hub, tmp_path):
     names = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
              "generation_config.json", "chat_template.jinja"]
     files = {n.encode(): (d / n).read_bytes() for n in names}
+    # The model card (convert reads its front matter) and named templates come too.
+    files[b"README.md"] = b"---\nlicense: mit\n---\n"
+    files[b"additional_chat_templates/tool_use.jinja"] = b"{{ tools | tojson }}"
     files[b"logits.npy"] = b"not needed"
+    files[b"additional_chat_templates/deeper/x.jinja"] = b"not needed"
     commit = hub.add("org/qwen2-tiny", files)
     prompt = json.loads((d / "prompt_ids.json").read_text())
     greedy = json.loads((d / "greedy.json").read_text())
@@ -281,7 +285,8 @@ def test_a_checkpoint_repo_downloads_what_lone_reads_and_runs(hub, tmp_path):
              "--prompt-ids", ",".join(map(str, prompt)), "-n", "5", "--ignore-eos", "--json")
     assert json.loads(r.stdout)["generated_ids"] == greedy[:5]
     snap = tmp_path / "models--org--qwen2-tiny" / "snapshots" / commit
-    assert sorted(p.name for p in snap.iterdir()) == sorted(names)
+    assert sorted(p.name for p in snap.iterdir()) == sorted(names + ["README.md", "additional_chat_templates"])
+    assert [p.name for p in (snap / "additional_chat_templates").iterdir()] == ["tool_use.jinja"]
 
 
 def test_ls_and_rm(hub, tmp_path):

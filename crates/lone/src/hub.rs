@@ -147,7 +147,10 @@ fn checkpoint_file(f: &str) -> bool {
             | "chat_template.jinja"
             | "chat_template.json"
             | "model.safetensors.index.json"
+            | "README.md"
     ) || (!f.contains('/') && f.ends_with(".safetensors"))
+        || f.strip_prefix("additional_chat_templates/")
+            .is_some_and(|n| !n.contains('/') && n.ends_with(".jinja"))
 }
 
 /// Whether GGUF file name `f` carries quant tag `q` (`…-Q4_K_M.gguf`, `….q4_k_m.gguf`).
