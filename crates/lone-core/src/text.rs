@@ -26,12 +26,10 @@ impl TextIo {
             WeightFiles::Gguf(g) => Tokenizer::from_gguf(g)?,
             WeightFiles::Safetensors(_) => Tokenizer::from_dir(path)?,
         };
-        let tool_template = tokenizer.chat_template_renderer_named("tool_use")?;
+        let mut tool_template = tokenizer.chat_template_renderer_named("tool_use")?;
         // Without a default, the tool_use template serves every request (llama.cpp's rule).
         let template = match tokenizer.chat_template_renderer()? {
-            None if tool_template.is_some() => {
-                tokenizer.chat_template_renderer_named("tool_use")?
-            }
+            None => tool_template.take(),
             t => t,
         };
         let mut eos_ids = model.cfg.eos_token_ids.clone();

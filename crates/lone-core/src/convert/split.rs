@@ -178,23 +178,20 @@ pub fn part_paths(out: &Path, count: usize) -> Vec<PathBuf> {
 /// with `split.count` set to 0 (so the result is not read as a split again), every part's
 /// tensors in order.
 pub fn merge(g: &GgufFile) -> Result<Plan> {
-    match g.meta(SPLIT_COUNT).and_then(MetaValue::as_u64) {
-        None => {
-            return Err(Error::BadFile {
-                path: g.path.clone(),
-                msg: format!("not a split GGUF (no {SPLIT_COUNT} key): nothing to merge"),
-            })
-        }
-        // llama-gguf-split: "input file does not contain a valid split count".
-        Some(n) if n < 1 => {
-            return Err(Error::BadFile {
-                path: g.path.clone(),
-                msg: format!(
-                    "not a valid split count {n} ({SPLIT_COUNT}; a merged file has 0): nothing to merge"
-                ),
-            })
-        }
-        Some(_) => {}
+    let Some(n) = g.meta(SPLIT_COUNT).and_then(MetaValue::as_u64) else {
+        return Err(Error::BadFile {
+            path: g.path.clone(),
+            msg: format!("not a split GGUF (no {SPLIT_COUNT} key): nothing to merge"),
+        });
+    };
+    // llama-gguf-split: "input file does not contain a valid split count".
+    if n < 1 {
+        return Err(Error::BadFile {
+            path: g.path.clone(),
+            msg: format!(
+                "not a valid split count {n} ({SPLIT_COUNT}; a merged file has 0): nothing to merge"
+            ),
+        });
     }
     if split_prefix(&g.path, 0, g.parts.len()).is_none() {
         return Err(Error::BadFile {

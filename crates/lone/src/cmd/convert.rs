@@ -60,6 +60,10 @@ pub struct ConvertArgs {
     pub force: bool,
     #[command(flatten)]
     pub split: SplitArgs,
+    /// Cut the output where the (split) GGUF input is cut: `OUT-00001-of-0000N.gguf` …, as
+    /// `llama-quantize --keep-split` (a one-part input gives `OUT-00001-of-00001.gguf`).
+    #[arg(long, conflicts_with_all = ["split_max_tensors", "split_max_size", "no_tensor_first_split"])]
+    pub keep_split: bool,
 }
 
 /// Writing the output as a split GGUF (llama-gguf-split's options).
@@ -76,10 +80,6 @@ pub struct SplitArgs {
     /// In a split output, keep the first part to the metadata alone.
     #[arg(long)]
     pub no_tensor_first_split: bool,
-    /// Cut the output where the (split) GGUF input is cut: `OUT-00001-of-0000N.gguf` …, as
-    /// `llama-quantize --keep-split` (a one-part input gives `OUT-00001-of-00001.gguf`).
-    #[arg(long, conflicts_with_all = ["split_max_tensors", "split_max_size", "no_tensor_first_split"])]
-    pub keep_split: bool,
 }
 
 impl SplitArgs {
@@ -117,7 +117,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     // Before any work (a --target-bpw search takes minutes); a split's part names are checked
     // once the plan is cut.
     let split_opts = a.split.options(None)?;
-    let keep_split = match a.split.keep_split {
+    let keep_split = match a.keep_split {
         false => None,
         true => Some(
             lone_core::loader::gguf::GgufFile::open(&a.input).with_context(|| {
