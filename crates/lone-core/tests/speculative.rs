@@ -282,3 +282,52 @@ fn verify_passes_keep_the_one_row_numerics_of_8bit_decode() {
     let g = run(&m, &p, 100, SamplingParams::greedy(), Some(s));
     assert_eq!(g.tokens, plain.tokens);
 }
+
+/// A verify pass's rows on an 8-bit head (here 8 rows of one sequence, which take fast mode's
+/// 8-bit GEMM for the head in the default mode on x86) give each row the top logit that
+/// decoding the same tokens one by one gives, bit for bit, and the same argmax: the top of
+/// each row is the exact head's, rescored, whatever kernel produced the rest.
+#[test]
+fn a_verify_pass_has_the_one_row_top_logits_on_an_8bit_head() {
+    use lone_core::Batch;
+    let m = Model::load(&fixture("lfm2_a").join("model-q8_0.gguf")).unwrap();
+    let p = ids("lfm2_a", "prompt_ids.json");
+    let next: Vec<u32> = ids("lfm2_a", "greedy.json").into_iter().take(8).collect();
+    let v = m.cfg.vocab_size;
+    let top = |l: &[f32]| {
+        let (i, x) =
+            l.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            );
+        (i, x.to_bits())
+    };
+    let decode_row = |seq: usize, pos: usize, t: u32, b: &mut Batch| b.push(seq, pos, t, true);
+    // One by one.
+    let mut one = vec![m.new_cache()];
+    m.forward(&Batch::for_sequence(0, 0, &p, false), &mut one)
+        .unwrap();
+    let mut want = Vec::new();
+    for (j, &t) in next.iter().enumerate() {
+        let mut b = Batch::default();
+        decode_row(0, p.len() + j, t, &mut b);
+        want.push(top(&m.forward(&b, &mut one).unwrap().logits));
+    }
+    // All in one pass, beside another sequence's single decode row.
+    let mut two = vec![m.new_cache(), m.new_cache()];
+    m.forward(&Batch::for_sequence(0, 0, &p, false), &mut two)
+        .unwrap();
+    m.forward(&Batch::for_sequence(1, 0, &p, false), &mut two)
+        .unwrap();
+    let mut b = Batch::default();
+    decode_row(1, p.len(), next[0], &mut b);
+    for (j, &t) in next.iter().enumerate() {
+        decode_row(0, p.len() + j, t, &mut b);
+    }
+    let out = m.forward(&b, &mut two).unwrap();
+    assert_eq!(top(&out.logits[..v]), want[0], "the single row");
+    for (j, w) in want.iter().enumerate() {
+        let got = top(&out.logits[(j + 1) * v..(j + 2) * v]);
+        assert_eq!(got, *w, "verify row {j}");
+    }
+}

@@ -340,19 +340,30 @@ impl Model {
             mode: Some(crate::kernels::Mode::Exact),
             threads: None,
         };
+        // Mode::Auto on 8-bit kernels (x86): the head runs on them too, and each row's top
+        // candidates are computed again exactly below, so the token picked (and the top of a
+        // sampled distribution) is the exact head's whatever the 8-bit kernel.
+        // (Only decode passes run in Auto here. A finite limit means the head is on 8-bit
+        // kernels.)
+        let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
+        let rescore = crate::kernels::mode() == crate::kernels::Mode::Auto
+            && !crate::kernels::exact()
+            && lim != usize::MAX;
         let _head =
             (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
-        out.logits = self.lm_head.forward(&xs, sel.len());
-        // Mode::Auto on 8-bit kernels (x86): the head may have run on them too; each row's
-        // top candidates are computed again exactly, so the token picked (and the top of a
-        // sampled distribution) is the exact head's.
-        // (Only decode passes run in Auto here, and they keep the 8-bit head for every row
-        // count: each row is redone. A finite limit means the head is on 8-bit kernels.)
-        let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
-        if crate::kernels::mode() == crate::kernels::Mode::Auto
-            && !crate::kernels::exact()
-            && lim != usize::MAX
-        {
+        let owners: Vec<usize> = sel.iter().map(|&i| batch.rows[i].seq).collect();
+        let verify = if rescore && crate::kernels::decode_rows() {
+            verify_groups(&owners)
+        } else {
+            Vec::new()
+        };
+        if verify.is_empty() {
+            out.logits = self.lm_head.forward(&xs, sel.len());
+        } else {
+            out.logits = self.head_by_groups(&xs, &owners, &verify);
+        }
+        drop(_head);
+        if rescore {
             rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
         }
         Ok(out)
@@ -400,6 +411,62 @@ impl Model {
 /// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2
 /// against llama.cpp: ≤ 1.2 nats in the top 10), so the exact argmax is among the 8-bit top 32.
 const RESCORE_TOP: usize = 32;
+
+/// Logit rows of one sequence in a decode pass (a speculative verify pass) from which an
+/// 8-bit head takes fast mode's 8-bit GEMM for them (their top logits are rescored exactly
+/// either way).
+const HEAD_GEMM_ROWS: usize = 6;
+
+/// The sequences (by id) with at least [`HEAD_GEMM_ROWS`] of the logit rows `owners` (each
+/// row's sequence).
+fn verify_groups(owners: &[usize]) -> Vec<usize> {
+    let mut seqs: Vec<usize> = owners.to_vec();
+    seqs.sort_unstable();
+    seqs.dedup();
+    seqs.retain(|&s| owners.iter().filter(|&&o| o == s).count() >= HEAD_GEMM_ROWS);
+    seqs
+}
+
+impl Model {
+    /// The head's logits of the normed rows `xs` (row `i` of sequence `owners[i]`) in a decode
+    /// pass where the sequences `verify` have many rows: each of those sequences' rows in one
+    /// call of fast mode's 8-bit GEMM (one pass over the head's weights for all of them,
+    /// where the matrix-vector kernels make one per 4 rows: a 16-row verify pass of
+    /// SmolLM2-135M spent 40 % of its time in the head), the other rows together on the
+    /// matrix-vector kernels as in any decode pass. What a sequence gets depends on its own
+    /// rows alone, so a sequence's logits stay the same alone or beside others
+    /// (`tests/batch_invariance.rs`); the rows' top logits are rescored exactly after.
+    fn head_by_groups(&self, xs: &[f32], owners: &[usize], verify: &[usize]) -> Vec<f32> {
+        let (h, v) = (self.cfg.hidden_size, self.lm_head.out_dim);
+        let mut logits = vec![0f32; owners.len() * v];
+        let fast = crate::kernels::Compute {
+            mode: Some(crate::kernels::Mode::Fast),
+            threads: None,
+        };
+        let groups = verify.iter().map(|&s| Some(s)).chain(std::iter::once(None));
+        for g in groups {
+            let rows: Vec<usize> = (0..owners.len())
+                .filter(|&i| match g {
+                    Some(s) => owners[i] == s,
+                    None => !verify.contains(&owners[i]),
+                })
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let mut x = Vec::with_capacity(rows.len() * h);
+            for &i in &rows {
+                x.extend_from_slice(&xs[i * h..(i + 1) * h]);
+            }
+            let _fast = g.is_some().then(|| fast.enter(false));
+            let l = self.lm_head.forward(&x, rows.len());
+            for (j, &i) in rows.iter().enumerate() {
+                logits[i * v..(i + 1) * v].copy_from_slice(&l[j * v..(j + 1) * v]);
+            }
+        }
+        logits
+    }
+}
 
 /// Replace each row's `k` largest logits by the exact dot products of the head's rows with
 /// the activations (the scalar reference: dequantized weights, f32 activations).
