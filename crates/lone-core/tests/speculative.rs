@@ -289,7 +289,6 @@ fn verify_passes_keep_the_one_row_numerics_of_8bit_decode() {
 /// each row is the exact head's, rescored, whatever kernel produced the rest.
 #[test]
 fn a_verify_pass_has_the_one_row_top_logits_on_an_8bit_head() {
-    use lone_core::Batch;
     let m = Model::load(&fixture("lfm2_a").join("model-q8_0.gguf")).unwrap();
     let p = ids("lfm2_a", "prompt_ids.json");
     let next: Vec<u32> = ids("lfm2_a", "greedy.json").into_iter().take(8).collect();
@@ -302,32 +301,69 @@ fn a_verify_pass_has_the_one_row_top_logits_on_an_8bit_head() {
             );
         (i, x.to_bits())
     };
-    let decode_row = |seq: usize, pos: usize, t: u32, b: &mut Batch| b.push(seq, pos, t, true);
-    // One by one.
+    let (want, got) = one_by_one_and_verify(&m, &p, &next);
+    let want: Vec<_> = want.chunks_exact(v).map(top).collect();
+    assert_eq!(top(&got[..v]), want[0], "the single row");
+    for (j, w) in want.iter().enumerate() {
+        assert_eq!(top(&got[(j + 1) * v..(j + 2) * v]), *w, "verify row {j}");
+    }
+}
+
+/// Logits of `next` decoded one by one after `prompt`, and of the same tokens as one verify
+/// pass (beside another sequence's single decode row, which comes first in the output).
+fn one_by_one_and_verify(m: &Model, prompt: &[u32], next: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    use lone_core::Batch;
     let mut one = vec![m.new_cache()];
-    m.forward(&Batch::for_sequence(0, 0, &p, false), &mut one)
+    m.forward(&Batch::for_sequence(0, 0, prompt, false), &mut one)
         .unwrap();
     let mut want = Vec::new();
     for (j, &t) in next.iter().enumerate() {
         let mut b = Batch::default();
-        decode_row(0, p.len() + j, t, &mut b);
-        want.push(top(&m.forward(&b, &mut one).unwrap().logits));
+        b.push(0, prompt.len() + j, t, true);
+        want.extend(m.forward(&b, &mut one).unwrap().logits);
     }
-    // All in one pass, beside another sequence's single decode row.
     let mut two = vec![m.new_cache(), m.new_cache()];
-    m.forward(&Batch::for_sequence(0, 0, &p, false), &mut two)
-        .unwrap();
-    m.forward(&Batch::for_sequence(1, 0, &p, false), &mut two)
-        .unwrap();
-    let mut b = Batch::default();
-    decode_row(1, p.len(), next[0], &mut b);
-    for (j, &t) in next.iter().enumerate() {
-        decode_row(0, p.len() + j, t, &mut b);
+    for seq in 0..2 {
+        m.forward(&Batch::for_sequence(seq, 0, prompt, false), &mut two)
+            .unwrap();
     }
-    let out = m.forward(&b, &mut two).unwrap();
-    assert_eq!(top(&out.logits[..v]), want[0], "the single row");
-    for (j, w) in want.iter().enumerate() {
-        let got = top(&out.logits[(j + 1) * v..(j + 2) * v]);
-        assert_eq!(got, *w, "verify row {j}");
+    let mut b = Batch::default();
+    b.push(1, prompt.len(), next[0], true);
+    for (j, &t) in next.iter().enumerate() {
+        b.push(0, prompt.len() + j, t, true);
+    }
+    (want, m.forward(&b, &mut two).unwrap().logits)
+}
+
+/// Deep in the context (decode attention split into runs of 256 keys, combined after), a
+/// verify pass's logits are those of decoding its tokens one by one, bit for bit, for every
+/// family (f32 weights: every matmul and attention of decode rows is the same for any number
+/// of rows).
+#[test]
+fn deep_verify_passes_give_the_one_by_one_logits() {
+    for name in FAMILIES {
+        let (m, _) = load(name);
+        let base = ids(name, "prompt_ids.json");
+        let v = m.cfg.vocab_size;
+        // Depths inside the second and third runs of 256 keys, and one where the first
+        // verify row's last run is exactly whole.
+        for depth in [300usize, 511, 700] {
+            let prompt: Vec<u32> = base.iter().copied().cycle().take(depth).collect();
+            let next: Vec<u32> = base.iter().rev().copied().cycle().take(9).collect();
+            let (want, got) = one_by_one_and_verify(&m, &prompt, &next);
+            assert_eq!(got.len(), (next.len() + 1) * v);
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(&got[..v], &want[..v]),
+                "{name} @ {depth}: the single row"
+            );
+            for j in 0..next.len() {
+                assert!(
+                    same(&got[(j + 1) * v..(j + 2) * v], &want[j * v..(j + 1) * v]),
+                    "{name} @ {depth}: verify row {j}"
+                );
+            }
+        }
     }
 }
