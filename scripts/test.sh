@@ -12,7 +12,7 @@ isas="avx2 scalar"
 if grep -qw avx_vnni /proc/cpuinfo 2>/dev/null; then isas="avxvnni $isas"; fi
 for isa in $isas; do
   LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
-    --test smollm2 --test sharded --test batch_invariance --test packed_memory 2>&1
+    --test smollm2 --test sharded --test batch_invariance --test packed_memory --test speculative 2>&1
 done
 # The web chat page's browser test needs Chromium and playwright-core: install them, and make
 # their absence a failure rather than a skip.

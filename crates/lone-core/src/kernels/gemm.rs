@@ -9,7 +9,7 @@ use super::*;
 pub(super) const GEMM_MIN_ROWS: usize = 16;
 
 /// The same for fast mode's 8-bit GEMM (crossover ≈ 6 rows: its unpacking pass is cheap).
-pub(super) const IGEMM_MIN_ROWS: usize = 6;
+pub(crate) const IGEMM_MIN_ROWS: usize = 6;
 
 /// The same for fast mode's bf16 GEMM (no unpacking at all; 16 rows per pass).
 pub(super) const BGEMM_MIN_ROWS: usize = 8;

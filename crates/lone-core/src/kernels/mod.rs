@@ -73,6 +73,7 @@ use mode::*;
 use table::*;
 use vecops::*;
 
+pub(crate) use gemm::IGEMM_MIN_ROWS;
 pub use matmul::{matmul, matmul_many, matmul_with};
 pub use mode::{
     decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,

@@ -414,8 +414,8 @@ const RESCORE_TOP: usize = 32;
 
 /// Logit rows of one sequence in a decode pass (a speculative verify pass) from which an
 /// 8-bit head takes fast mode's 8-bit GEMM for them (their top logits are rescored exactly
-/// either way).
-const HEAD_GEMM_ROWS: usize = 6;
+/// either way): where that GEMM starts.
+const HEAD_GEMM_ROWS: usize = crate::kernels::IGEMM_MIN_ROWS;
 
 /// The sequences (by id) with at least [`HEAD_GEMM_ROWS`] of the logit rows `owners` (each
 /// row's sequence).
