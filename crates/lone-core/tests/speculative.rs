@@ -6,8 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lone_core::engine::{SpecParams, SpecTypes, Speculator};
-use lone_core::generate::{generate, GenerateOptions, Generation};
+use lone_core::engine::{
+    Event, GenRequest, Scheduler, SpecParams, SpecTypes, Speculator, PREFILL_BUDGET,
+};
+use lone_core::generate::{generate, prefill, GenerateOptions, Generation, PREFILL_CHUNK};
 use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::text::TextIo;
 use lone_core::Model;
@@ -167,6 +169,82 @@ fn greedy_draft_model_speculation_equals_plain_decoding() {
             g.spec
         );
     }
+}
+
+#[test]
+fn the_draft_model_reads_the_prompt_with_its_target() {
+    // A prompt longer than one step's prefill budget: target and draft read it together,
+    // step by step, so the first draft pass feeds the draft only the pending token.
+    let (m, t) = load("lfm2_a");
+    let s = speculator(&m, &t, with_draft(3), Some("lfm2_b"));
+    let dm = s.draft_model().unwrap();
+    let mut p = prompt_of("lfm2_a");
+    while p.len() <= PREFILL_BUDGET {
+        p.extend_from_within(..);
+    }
+    let greedy = SamplingParams::greedy();
+    let mut sched = Scheduler::new(vec![m.new_cache()], 1 << 16, Vec::new(), Some(s.clone()));
+    let req = GenRequest {
+        prompt: p.clone(),
+        max_tokens: 8,
+        params: greedy.clone(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let slot = sched.admit(req, Sampler::new(greedy), None).unwrap();
+    let mut emitted = 0;
+    let mut count = |_: usize, e: Event| {
+        if let Event::Delta { tokens, .. } = e {
+            emitted += tokens.len();
+        }
+        true
+    };
+    let st = sched.step(&m, &mut count).unwrap();
+    assert_eq!(st.prefill_rows, PREFILL_BUDGET);
+    let draft = |s: &Scheduler| s.caches[slot].draft.as_ref().map(|d| d.tokens().to_vec());
+    assert_eq!(draft(&sched).as_deref(), Some(&p[..PREFILL_BUDGET]));
+    sched.step(&m, &mut count).unwrap();
+    assert_eq!(draft(&sched).as_deref(), Some(&p[..]));
+    // The draft cache holds what a plain prefill of the prompt gives: the same next logits.
+    let mut fresh = dm.new_cache();
+    prefill(dm, &mut fresh, &p, false).unwrap();
+    let mut ours = (**sched.caches[slot].draft.as_ref().unwrap()).clone();
+    let next = [p[3]];
+    let a = prefill(dm, &mut fresh, &next, false).unwrap();
+    let b = prefill(dm, &mut ours, &next, false).unwrap();
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(diff < 1e-3, "draft logits differ by {diff}");
+    // The first speculative pass drafts, and the draft cache then runs ahead of the prompt.
+    let st = sched.step(&m, &mut count).unwrap();
+    assert!(st.drafted > 0, "{st:?}");
+    assert!(draft(&sched).unwrap().len() > p.len());
+    assert!(emitted >= 2);
+    // A prompt prefilled outside the scheduler (`keep_logits`) and longer than a prefill
+    // chunk: the draft catches up in several passes, and the output is still plain decoding's.
+    while p.len() <= PREFILL_CHUNK {
+        p.extend_from_within(..);
+    }
+    let opts = |spec| GenerateOptions {
+        max_new_tokens: 24,
+        ignore_eos: true,
+        keep_logits: true,
+        spec,
+        ..Default::default()
+    };
+    let gen = |o: &GenerateOptions| {
+        let (mut c, mut smp) = (m.new_cache(), Sampler::new(SamplingParams::greedy()));
+        let g = generate(&m, &mut c, &p, o, &mut smp, |_| true).unwrap();
+        (g, c)
+    };
+    let (plain, _) = gen(&opts(None));
+    let (g, c) = gen(&opts(Some(s)));
+    assert_eq!(g.tokens, plain.tokens);
+    assert!(g.spec.drafted > 0, "{:?}", g.spec);
+    assert_eq!(c.draft.unwrap().common_prefix(&p), p.len());
 }
 
 #[test]

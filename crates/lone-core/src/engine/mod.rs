@@ -517,6 +517,8 @@ impl<'t> Scheduler<'t> {
         };
         let mut powners: Vec<(usize, usize, Vec<u32>)> = Vec::new();
         let mut budget = PREFILL_BUDGET;
+        // (slot, prompt tokens in its cache after this pass) of sequences with a draft model.
+        let mut draft_prompts: Vec<(usize, usize)> = Vec::new();
         for (_, i) in prefilling {
             if budget == 0 {
                 break;
@@ -534,6 +536,24 @@ impl<'t> Scheduler<'t> {
             }
             budget -= n;
             st.prefill_rows += n;
+            if a.req
+                .spec
+                .as_ref()
+                .or(self.spec.as_ref().map(|s| &s.params))
+                .is_some_and(|p| p.types.draft)
+            {
+                draft_prompts.push((i, start + n));
+            }
+        }
+        if let Some(spec) = self.spec.clone().filter(|_| !draft_prompts.is_empty()) {
+            let mut seqs: Vec<(&mut SeqCache, &[u32])> = Vec::new();
+            for (i, c) in self.caches.iter_mut().enumerate() {
+                if let Some(&(_, upto)) = draft_prompts.iter().find(|d| d.0 == i) {
+                    let a = self.slots[i].as_ref().expect("prefilling");
+                    seqs.push((c, &a.req.prompt[..upto]));
+                }
+            }
+            spec.prefill_drafts(&mut seqs)?;
         }
         let passes = if model.compute.mode() == kernels::Mode::Fast {
             for ((&t, r), &l) in pbatch.tokens.iter().zip(&pbatch.rows).zip(&pbatch.logits) {

@@ -21,7 +21,7 @@
 
 use crate::cache::SeqCache;
 use crate::error::{Error, Result};
-use crate::generate::prefill;
+use crate::generate::{prefill, PREFILL_CHUNK};
 use crate::models::{Batch, Model};
 use crate::sampler::argmax;
 use crate::tokenizer::Tokenizer;
@@ -200,6 +200,63 @@ impl Speculator {
             }
         }
         Ok(out)
+    }
+}
+
+impl Speculator {
+    /// Feed the draft model the prompt tokens its target has just prefilled, so that the
+    /// first draft of a sequence reads only its pending token (the draft's prompt work is
+    /// prompt work: it belongs to the time to the first token, not to decoding).
+    /// `seqs[i]`: a sequence's target cache (holding the draft cache) and its prompt so far.
+    /// One forward pass for all of them; no-op without a draft model.
+    pub(crate) fn prefill_drafts(&self, seqs: &mut [(&mut SeqCache, &[u32])]) -> Result<()> {
+        let Some(dm) = &self.draft else {
+            return Ok(());
+        };
+        let mut seqs: Vec<&mut (&mut SeqCache, &[u32])> = seqs
+            .iter_mut()
+            .filter(|(_, t)| !t.is_empty() && t.len() <= dm.cfg.max_position_embeddings)
+            .collect();
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let mut caches: Vec<SeqCache> = seqs
+            .iter_mut()
+            .map(|(c, _)| c.draft.take().map(|b| *b).unwrap_or_else(|| dm.new_cache()))
+            .collect();
+        for ((_, toks), c) in seqs.iter().zip(&mut caches) {
+            c.reuse(toks, toks.len());
+        }
+        // Passes of at most PREFILL_CHUNK rows (a cache may lag by more than one step's
+        // prompt rows: after a prompt-cache hit, or a prompt prefilled outside the scheduler).
+        let mut res = Ok(());
+        loop {
+            let mut batch = Batch {
+                prompt: true,
+                ..Batch::default()
+            };
+            for (j, ((_, toks), c)) in seqs.iter().zip(&caches).enumerate() {
+                let room = PREFILL_CHUNK - batch.tokens.len();
+                for (p, &t) in toks.iter().enumerate().skip(c.len()).take(room) {
+                    batch.push(j, p, t, false);
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            if let Err(e) = dm.forward(&batch, &mut caches) {
+                res = Err(e);
+                break;
+            }
+        }
+        if res.is_err() {
+            // A failed pass leaves the draft caches in no known state.
+            caches.iter_mut().for_each(SeqCache::clear);
+        }
+        for ((c, _), d) in seqs.into_iter().zip(caches) {
+            c.draft = Some(Box::new(d));
+        }
+        res
     }
 }
 
