@@ -158,10 +158,10 @@ pub(super) fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: 
             let qb = ad
                 .bytes_for(k)
                 .expect("8-bit blocks match the weight blocks");
-            // Q8_1 rows for the integer kernels carry one f32 per block after the blocks:
-            // d·Σq, exactly (ggml's f16 `s` field rounds it).
+            // Q8_1 rows for the integer kernels carry two f32 per block after the blocks:
+            // d·Σq, exactly (ggml's f16 `s` field rounds it), and d ([`side_q8_1`]).
             let sums = matches!(kern.act, Act::Quant(DType::Q8_1));
-            let qs = if sums { qb + 4 * (k / 32) } else { qb };
+            let qs = if sums { qb + Q8_1_SIDE * (k / 32) } else { qb };
             qbuf.resize(n * qs, 0);
             quantize_rows(ad, x, k, qb, qs, &mut qbuf);
             if let Act::QuantDeq(_) = kern.act {
@@ -273,8 +273,22 @@ pub(super) fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
     }
 }
 
+/// Bytes per Q8_1 block after an activation row's blocks, for the integer kernels
+/// ([`side_q8_1`]).
+pub(crate) const Q8_1_SIDE: usize = 8;
+
+/// A Q8_1 activation block's side values for the integer kernels: d·Σq (exact in f32; ggml's
+/// f16 `s` field rounds it), then d as f32 (the stored f16, converted once here instead of in
+/// every weight row's pass).
+pub(crate) fn side_q8_1(out: &mut [u8], d: half::f16, sq: i32) {
+    let d = d.to_f32();
+    out[..4].copy_from_slice(&(d * sq as f32).to_ne_bytes());
+    out[4..8].copy_from_slice(&d.to_ne_bytes());
+}
+
 /// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of
-/// `qs` bytes (`qb` of blocks, then for Q8_1 the f32 block sums), in parallel for many rows.
+/// `qs` bytes (`qb` of blocks, then for Q8_1 [`Q8_1_SIDE`] bytes per block), in parallel for
+/// many rows.
 pub(super) fn quantize_rows(ad: DType, x: &[f32], k: usize, qb: usize, qs: usize, q: &mut [u8]) {
     let simd = active().vec.quant8;
     let one = |xr: &[f32], qr: &mut [u8]| {
@@ -285,10 +299,10 @@ pub(super) fn quantize_rows(ad: DType, x: &[f32], k: usize, qb: usize, qs: usize
         }
         quant::quantize_row(ad, xr, blocks).expect("sizes checked by the caller");
         if !sums.is_empty() {
-            for (b, s) in blocks.chunks(36).zip(sums.chunks_mut(4)) {
-                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            for (b, s) in blocks.chunks(36).zip(sums.chunks_mut(Q8_1_SIDE)) {
+                let d = half::f16::from_le_bytes([b[0], b[1]]);
                 let sq: i32 = b[4..].iter().map(|&v| i32::from(v as i8)).sum();
-                s.copy_from_slice(&(d * sq as f32).to_ne_bytes());
+                side_q8_1(s, d, sq);
             }
         }
     };

@@ -789,7 +789,7 @@ fn simd_activation_quantizers_are_the_reference() {
             quantize_row(ad, &x, &mut want).unwrap();
             let mut got = vec![0xa5u8; qb];
             let mut sums = if ad == DType::Q8_1 {
-                vec![0u8; 4 * (k / 32)]
+                vec![0u8; super::matmul::Q8_1_SIDE * (k / 32)]
             } else {
                 Vec::new()
             };
@@ -802,10 +802,15 @@ fn simd_activation_quantizers_are_the_reference() {
                 got, want,
                 "{ad} case {case}: blocks differ from the reference"
             );
-            for (b, s) in want.chunks(36).zip(sums.chunks(4)) {
+            for (b, s) in want.chunks(36).zip(sums.chunks(super::matmul::Q8_1_SIDE)) {
                 let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
                 let sq: i32 = b[4..].iter().map(|&v| i32::from(v as i8)).sum();
-                assert_eq!(s, (d * sq as f32).to_ne_bytes(), "{ad} case {case}: sums");
+                assert_eq!(
+                    s[..4],
+                    (d * sq as f32).to_ne_bytes(),
+                    "{ad} case {case}: sums"
+                );
+                assert_eq!(s[4..], d.to_ne_bytes(), "{ad} case {case}: d");
             }
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut y = x.clone();

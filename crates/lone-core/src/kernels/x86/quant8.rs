@@ -4,6 +4,7 @@
 //! runs it when this returns false).
 
 use super::*;
+use crate::kernels::matmul::{side_q8_1, Q8_1_SIDE};
 use crate::tensor::DType;
 
 /// `round_away(p)` of `quant::legacy` (C's `roundf`) on 8 lanes: truncate, then step away
@@ -129,7 +130,8 @@ unsafe fn block256(x: *const f32, b: *mut u8) -> bool {
 }
 
 /// `blocks` ← `x` quantized to `ad` (Q8_0, Q8_1 or Q8_K), as `quant::quantize_row` writes it;
-/// for Q8_1, `sums` (empty, or one f32 per block) ← d·Σq with d as stored (f16). Blocks with a
+/// for Q8_1, `sums` (empty, or two f32 per block, [`Q8_1_SIDE`] bytes) ← d·Σq and d, with d as
+/// stored (f16). Blocks with a
 /// non-finite value are left for the caller: returns false when any block was not written
 /// (or `ad` is another format, or the sizes do not match).
 ///
@@ -151,7 +153,7 @@ pub(crate) unsafe fn quantize_q8_avx2(
     let nb = x.len() / bs;
     if !x.len().is_multiple_of(bs)
         || blocks.len() != nb * bb
-        || !(sums.is_empty() || (ad == DType::Q8_1 && sums.len() == 4 * nb))
+        || !(sums.is_empty() || (ad == DType::Q8_1 && sums.len() == Q8_1_SIDE * nb))
     {
         return false;
     }
@@ -173,8 +175,7 @@ pub(crate) unsafe fn quantize_q8_avx2(
                     let s16 = half::f16::from_f32(sq as f32 * d).to_le_bytes();
                     core::ptr::copy_nonoverlapping(s16.as_ptr(), bp.add(2), 2);
                     if !sums.is_empty() {
-                        let s = (d16.to_f32() * sq as f32).to_ne_bytes();
-                        sums[4 * i..4 * i + 4].copy_from_slice(&s);
+                        side_q8_1(&mut sums[Q8_1_SIDE * i..Q8_1_SIDE * (i + 1)], d16, sq);
                     }
                 }
             }
