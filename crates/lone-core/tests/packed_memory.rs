@@ -1,4 +1,5 @@
-//! A model whose weights the decode kernels repack (Q4_0/Q4_1/Q5_0/Q5_1, rows by 8) holds
+//! A model whose weights the decode kernels repack (Q4_0/Q4_1/Q5_0/Q5_1, and Q8_0 on the VNNI
+//! levels, rows by 8) holds
 //! them in memory once: after a prompt and some decoding, the file's mapping keeps resident
 //! only the tensors that are not repacked. Before, the prompt GEMM kept reading the file's
 //! copy, so both stayed resident (LFM2-350M Q4_0: peak RSS 409 MiB, now 256).
@@ -58,11 +59,15 @@ fn repacked_weights_are_resident_once() {
     let count = g.tensors.len();
     // The header (metadata: the tokenizer's vocabulary and merges) before the first tensor.
     let header = g.tensors.iter().map(|t| t.offset).min().unwrap_or(0);
+    // Q8_0 is packed on the VNNI levels (its whole-byte codes need `vpdpbusd`); the tied
+    // embedding's rows that the prompt looks up come back from the file (a few pages).
+    let q8_packed = matches!(kernels::isa(), kernels::Isa::Avx512 | kernels::Isa::AvxVnni);
     for t in &g.tensors {
         if matches!(
             t.dtype,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1
-        ) {
+        ) || (q8_packed && t.dtype == DType::Q8_0)
+        {
             packed += t.len;
         } else {
             kept += t.len;

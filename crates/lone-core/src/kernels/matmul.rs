@@ -19,6 +19,8 @@ thread_local! {
     pub(super) static QBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     pub(super) static DBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     pub(super) static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// One tile's weight rows in the stored layout, rebuilt from a packed copy (`rows_task`).
+    static TBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `out[t, r] = sum_k w[r, k] * x[t, k]` for `n` activation rows `x` of length `K = w.row_len()`;
@@ -234,9 +236,27 @@ pub(super) unsafe fn rows_task(
     } else {
         job.w.data().as_ptr()
     };
+    // A kernel that reads the stored layout (an exact one: a prompt's logit row) over weights
+    // whose packed copy exists takes each tile's rows rebuilt from that copy, so the file's
+    // pages, handed back when the copy was built, stay out of memory.
+    let from_packed = if job.kern.packed || !packed::packs(job.w.dtype) {
+        None
+    } else {
+        job.w.packed_if_built()
+    };
+    let mut tbuf = TBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut r0 = range.start;
     while r0 < range.end {
         let rows = TILE_ROWS.min(range.end - r0);
+        let w = match from_packed {
+            Some(p) => {
+                grow(&mut tbuf, rows * rb);
+                packed::stored_rows(job.w, p, r0, rows, &mut tbuf);
+                tbuf.as_ptr()
+            }
+            // SAFETY: rows r0..r0+rows lie inside the weights (the function's contract).
+            None => unsafe { wp.add(r0 * rb) },
+        };
         let mut t0 = 0;
         while t0 < n {
             let nx = 4.min(n - t0);
@@ -246,7 +266,7 @@ pub(super) unsafe fn rows_task(
             unsafe {
                 let a = MatArgs {
                     dtype: job.w.dtype,
-                    w: wp.add(r0 * rb),
+                    w,
                     w_stride: rb,
                     rows,
                     x: xp.add(t0 * xs),
@@ -262,6 +282,7 @@ pub(super) unsafe fn rows_task(
         }
         r0 += rows;
     }
+    TBUF.with(|b| *b.borrow_mut() = tbuf);
 }
 
 /// Grows a scratch buffer to at least `n` elements. Never shrinks, and never re-initialises

@@ -1,12 +1,12 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
-//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1; the x86 8-bit matrix-vector kernels `q4_0_x8` …):
-//! the rows are taken in groups of 8, and each group's blocks are stored block by block: the
-//! 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (16 bytes), for Q5_0/Q5_1
-//! their 8 high-bit words (32 bytes, bits rearranged: see [`high_bits_by_chunk`]), then the 8
-//! rows' 16 quant bytes in 4 chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0,
-//! then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
+//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the x86 8-bit matrix-vector kernels
+//! `q4_0_x8` …): the rows are taken in groups of 8, and each group's blocks are stored block
+//! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (16 bytes), for
+//! Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see [`high_bits_by_chunk`]),
+//! then the 8 rows' quant bytes (16, or Q8_0's 32) in chunks of 32 bytes, chunk `c` holding
+//! bytes `4c..4c+4` of row 0, then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
 //! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
 //! stay as they were stored.
 
@@ -23,6 +23,7 @@ fn header(dtype: DType) -> Option<(usize, bool)> {
         DType::Q4_1 => Some((2, false)),
         DType::Q5_0 => Some((1, true)),
         DType::Q5_1 => Some((2, true)),
+        DType::Q8_0 => Some((1, false)),
         _ => None,
     }
 }
@@ -61,7 +62,7 @@ fn high_bits_from_chunk(h: u32) -> u32 {
 
 /// `t`'s bytes in the rows-by-8 layout (module docs).
 ///
-/// Panics if `t` is not Q4_0/Q4_1 with whole blocks per row.
+/// Panics if `t` is not a format [`packs`] takes, with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
     let (f16s, qh) = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0 or Q5_1");
     let bb = t.dtype.block_bytes();
@@ -89,7 +90,7 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
                     let at = 16 * f16s + 4 * r;
                     head[at..at + 4].copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
                 }
-                for c in 0..4 {
+                for c in 0..(bb - hb) / 4 {
                     quants[32 * c + 4 * r..32 * c + 4 * r + 4]
                         .copy_from_slice(&blk[hb + 4 * c..hb + 4 * c + 4]);
                 }
@@ -166,7 +167,7 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
                 let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
                 blk[2 * f16s..2 * f16s + 4].copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
             }
-            for c in 0..4 {
+            for c in 0..(bb - hb) / 4 {
                 let q = GROUP * hb + 32 * c + 4 * r;
                 blk[hb + 4 * c..hb + 4 * c + 4].copy_from_slice(&o[q..q + 4]);
             }
@@ -182,7 +183,13 @@ mod tests {
     /// a group's first block starts with its 8 rows' scales in row order.
     #[test]
     fn rows_by_8_is_a_lossless_permutation() {
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+        ] {
             for rows in [1usize, 8, 13, 24] {
                 let k = 96;
                 let bytes: Vec<u8> = (0..rows * dtype.bytes_for(k).unwrap())

@@ -249,8 +249,10 @@ pub(super) const FORMATS: &[Format] = &[
         fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8))),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
         fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8))),
-    weight_format!(Q8_0, Some(DType::Q8_0), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
-        fac: Some((x86::fac::q8_0 as MatFn, Act::F32)), fast: Some(all3!(q8_0))),
+    // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
+    weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
+        fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
+        fast: Some([x86::q8_0::avx2 as MatFn, x86::q8_0::avxvnni, x86::q8_0::avx512])),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
@@ -391,7 +393,8 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             gemm: None,
             igemm: false,
             bgemm: false,
-            packed: packed::packs(dtype),
+            // AVX2's Q8_0 kernel reads the stored rows (see FORMATS).
+            packed: packed::packs(dtype) && !(dtype == DType::Q8_0 && fast_level == 0),
             isa,
         });
     }

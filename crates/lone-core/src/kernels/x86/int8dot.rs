@@ -203,7 +203,7 @@ impl LegacyW for WQ8_0 {
 }
 
 /// One 32-element block `b` of the weight row at `w` against the 8-bit activation rows `xs`
-/// (`nb` blocks each; Q8_1 rows are followed by their f32 block sums).
+/// (`nb` Q8_1 blocks each, followed by their side values: [`Q8_1_SIDE`]).
 #[inline(always)]
 pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usize>(
     w: *const u8,
@@ -213,8 +213,8 @@ pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usi
     acc: &mut [__m256; NX],
     accm: &mut [f32; NX],
 ) {
-    // Q8_0: d, qs at 2 (34 bytes); Q8_1: d, s, qs at 4 (36 bytes).
-    let (xbb, xq) = if W::SIGNED { (34, 2) } else { (36, 4) };
+    // Q8_1 blocks: d, s, qs at 4 (36 bytes); signed weights read only d and qs.
+    let (xbb, xq) = (36, 4);
     let (q, dw, mw) = W::decode(w.add(b * W::BB));
     let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
     for t in 0..NX {
@@ -289,6 +289,30 @@ pub(in crate::kernels) unsafe fn legacy_rows<D: IDot, W: LegacyW>(a: &MatArgs) {
 pub(in crate::kernels) trait PackW: LegacyW {
     const F16S: usize;
     const QH: bool;
+    /// Quant bytes per row and block: 16 nibble pairs, or Q8_0's 32 bytes (whole-byte codes,
+    /// one chunk per 4 elements).
+    const QBYTES: usize = 16;
+}
+/// Q8_0 for the packed VNNI kernels: codes `q + 128` (unsigned, `vpdpbusd`'s first operand)
+/// with `-128·d` as the min, against Q8_1 activations and their block sums, like Q4_0's `-8`.
+/// Products reach 255·127 per byte pair: only a dot product without i16 saturation
+/// (`vpdpbusd`, [`IDot::CHAINS`] 4) may take it.
+pub(in crate::kernels) struct WQ8_0U;
+impl LegacyW for WQ8_0U {
+    const ZERO: f32 = -128.0;
+    const BB: usize = 34;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        (_mm256_xor_si256(q, _mm256_set1_epi8(-128)), d, -128.0 * d)
+    }
+}
+impl PackW for WQ8_0U {
+    const F16S: usize = 1;
+    const QH: bool = false;
+    const QBYTES: usize = 32;
 }
 impl PackW for WQ4_0U {
     const F16S: usize = 1;
@@ -346,6 +370,19 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
             // D::CHAINS chains per row (chunks 0-1, 2-3, or one per chunk): at most 4 steps
             // each (IDot::acc_dot).
             let mut s = [[_mm256_setzero_si256(); 4]; NX];
+            // Whole-byte codes (Q8_0): chunk c is elements 4c..4c+4 of each row; chains by
+            // pairs of chunks. Only the saturation-free dot product takes them (WQ8_0U).
+            macro_rules! byte_chunk {
+                ($c:literal) => {{
+                    let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
+                    let codes = _mm256_xor_si256(raw, _mm256_set1_epi8(-128));
+                    for t in 0..NX {
+                        let xq = xs[t].add(b * 36 + 4);
+                        let xv = _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
+                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], codes, xv);
+                    }
+                }};
+            }
             macro_rules! chunk {
                 ($c:literal) => {{
                     let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
@@ -368,10 +405,22 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
                     }
                 }};
             }
-            chunk!(0);
-            chunk!(1);
-            chunk!(2);
-            chunk!(3);
+            if W::QBYTES == 32 {
+                debug_assert_eq!(D::CHAINS, 4, "whole-byte codes need vpdpbusd");
+                byte_chunk!(0);
+                byte_chunk!(1);
+                byte_chunk!(2);
+                byte_chunk!(3);
+                byte_chunk!(4);
+                byte_chunk!(5);
+                byte_chunk!(6);
+                byte_chunk!(7);
+            } else {
+                chunk!(0);
+                chunk!(1);
+                chunk!(2);
+                chunk!(3);
+            }
             for t in 0..NX {
                 // d·Σq of this activation block, exact in f32, and d (after the Q8_1 blocks).
                 let side = xs[t].add(nb * 36 + Q8_1_SIDE * b) as *const f32;

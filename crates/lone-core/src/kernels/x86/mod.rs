@@ -226,7 +226,6 @@ macro_rules! fast_entries {
         entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
         entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
         entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
-        entry!(q8_0, $features, legacy_rows::<$D, WQ8_0>);
         entry!(q4_k, $features, q45k_rows::<$D, false>);
         entry!(q5_k, $features, q45k_rows::<$D, true>);
         entry!(q6_k, $features, q6k_rows::<$D>);
@@ -263,6 +262,24 @@ level!(
 pub(crate) mod avxvnni {
     use super::*;
     fast_entries!("avx2,fma,f16c,avxvnni", VnniVex);
+}
+
+/// The Q8_0 8-bit matrix-vector kernels per level: rows packed by 8 where `vpdpbusd` takes
+/// whole-byte codes (AVX-VNNI, AVX-512); AVX2's `vpmaddubsw` would saturate on them, so it
+/// keeps the row-by-row kernel (signed × signed by `vpsignb`).
+pub(crate) mod q8_0 {
+    use super::*;
+    entry!(avx2, "avx2,fma,f16c", legacy_rows::<Maddubs, WQ8_0>);
+    entry!(
+        avxvnni,
+        "avx2,fma,f16c,avxvnni",
+        packed_rows::<VnniVex, WQ8_0U>
+    );
+    entry!(
+        avx512,
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        packed_rows::<Vnni, WQ8_0U>
+    );
 }
 
 /// The AVX2 level's factored exact matrix-vector kernels (f32 activations; the ones with an
