@@ -164,6 +164,21 @@ pub(super) fn pack_for_decode(jobs: &[Job]) {
     }
 }
 
+/// [`with_stored_rows`], or, when `skip`, `f` with a null pointer (the caller reads the
+/// packed copy itself).
+pub(super) fn with_stored_rows_unless<R>(
+    w: &Tensor,
+    range: std::ops::Range<usize>,
+    skip: bool,
+    f: impl FnOnce(*const u8) -> R,
+) -> R {
+    if skip {
+        f(std::ptr::null())
+    } else {
+        with_stored_rows(w, range, f)
+    }
+}
+
 /// Calls `f` with a pointer to weight rows `range` of `w` in the stored layout: the tensor's
 /// own bytes or, once it has a packed copy, those rows rebuilt from it (`range` starts at a
 /// multiple of 8: the GEMM tiles do).
@@ -345,14 +360,44 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
         // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
         let cs = k + 64;
         let gs = k / 16;
-        with_stored_rows(job.w, range.clone(), |wp| {
+        // Q8_0 tiles of whole packed groups unpack straight from the packed copy.
+        let q8_groups = match job.w.packed_if_built() {
+            Some(p)
+                if dtype == DType::Q8_0
+                    && range.start.is_multiple_of(8)
+                    && rows.is_multiple_of(8)
+                    && range.end <= m / 8 * 8 =>
+            {
+                Some(p)
+            }
+            _ => None,
+        };
+        with_stored_rows_unless(job.w, range.clone(), q8_groups.is_some(), |wp| {
             IBUF.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 let (codes, f) = &mut *buf;
                 grow(codes, rows * cs);
                 grow(f, 2 * rows * gs);
                 let (dw, cw) = f[..2 * rows * gs].split_at_mut(rows * gs);
-                for r in 0..rows {
+                if let Some(p) = q8_groups {
+                    for g in 0..rows / 8 {
+                        // SAFETY: rows range.start + 8g .. +8 form a whole packed group
+                        // (checked above: whole groups inside the tensor), rb bytes each, in
+                        // the copy; the outputs are rows 8g..8g+8 of the buffers sized above.
+                        unsafe {
+                            int8::unpack_q8_0_group(
+                                p.as_ptr().add((range.start + 8 * g) * rb),
+                                k,
+                                codes.as_mut_ptr().add(8 * g * cs),
+                                cs,
+                                dw.as_mut_ptr().add(8 * g * gs),
+                                cw.as_mut_ptr().add(8 * g * gs),
+                                gs,
+                            )
+                        };
+                    }
+                }
+                for r in 0..if q8_groups.is_some() { 0 } else { rows } {
                     // SAFETY: `wp` holds the tile's rows·rb stored bytes (`with_stored_rows`);
                     // the outputs are row r of buffers sized above; `dtype` is supported (igemm
                     // flag).

@@ -214,6 +214,83 @@ pub(super) unsafe fn unpack(
     }
 }
 
+/// [`unpack`] of 8 Q8_0 rows straight from their rows-by-8 group ([`super::packed`]):
+/// the same codes (`q + 128`), `dw` and `cw` as unpacking the stored rows, without
+/// rebuilding them first. Each block's 8 chunks (8 rows × 4 bytes each) are transposed
+/// in registers into the 8 rows' 32 codes.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `src` holds one packed group of 8 Q8_0 rows of `k`
+/// elements (`k / 32` blocks of 272 bytes); row `r`'s outputs are `codes + r·cs` (k bytes)
+/// and `dw/cw + r·gs` (k/16 f32 each).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn unpack_q8_0_group(
+    src: *const u8,
+    k: usize,
+    codes: *mut u8,
+    cs: usize,
+    dw: *mut f32,
+    cw: *mut f32,
+    gs: usize,
+) {
+    let flip = _mm256_set1_epi8(-128);
+    for b in 0..k / 32 {
+        let p = src.add(b * 8 * 34);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let mut ds = [0f32; 8];
+        _mm256_storeu_ps(ds.as_mut_ptr(), d);
+        // c[j] = chunk j: dword r = row r's quants 4j..4j+4.
+        let q = p.add(16);
+        let c: [__m256i; 8] = [
+            _mm256_loadu_si256(q as *const __m256i),
+            _mm256_loadu_si256(q.add(32) as *const __m256i),
+            _mm256_loadu_si256(q.add(64) as *const __m256i),
+            _mm256_loadu_si256(q.add(96) as *const __m256i),
+            _mm256_loadu_si256(q.add(128) as *const __m256i),
+            _mm256_loadu_si256(q.add(160) as *const __m256i),
+            _mm256_loadu_si256(q.add(192) as *const __m256i),
+            _mm256_loadu_si256(q.add(224) as *const __m256i),
+        ];
+        // 8×8 dword transpose: t[r] = [c0[r], c1[r], …, c7[r]].
+        let a0 = _mm256_unpacklo_epi32(c[0], c[1]);
+        let a1 = _mm256_unpackhi_epi32(c[0], c[1]);
+        let a2 = _mm256_unpacklo_epi32(c[2], c[3]);
+        let a3 = _mm256_unpackhi_epi32(c[2], c[3]);
+        let a4 = _mm256_unpacklo_epi32(c[4], c[5]);
+        let a5 = _mm256_unpackhi_epi32(c[4], c[5]);
+        let a6 = _mm256_unpacklo_epi32(c[6], c[7]);
+        let a7 = _mm256_unpackhi_epi32(c[6], c[7]);
+        let b0 = _mm256_unpacklo_epi64(a0, a2);
+        let b1 = _mm256_unpackhi_epi64(a0, a2);
+        let b2 = _mm256_unpacklo_epi64(a1, a3);
+        let b3 = _mm256_unpackhi_epi64(a1, a3);
+        let b4 = _mm256_unpacklo_epi64(a4, a6);
+        let b5 = _mm256_unpackhi_epi64(a4, a6);
+        let b6 = _mm256_unpacklo_epi64(a5, a7);
+        let b7 = _mm256_unpackhi_epi64(a5, a7);
+        let t: [__m256i; 8] = [
+            _mm256_permute2x128_si256::<0x20>(b0, b4),
+            _mm256_permute2x128_si256::<0x20>(b1, b5),
+            _mm256_permute2x128_si256::<0x20>(b2, b6),
+            _mm256_permute2x128_si256::<0x20>(b3, b7),
+            _mm256_permute2x128_si256::<0x31>(b0, b4),
+            _mm256_permute2x128_si256::<0x31>(b1, b5),
+            _mm256_permute2x128_si256::<0x31>(b2, b6),
+            _mm256_permute2x128_si256::<0x31>(b3, b7),
+        ];
+        for r in 0..8 {
+            _mm256_storeu_si256(
+                codes.add(r * cs + 32 * b) as *mut __m256i,
+                _mm256_xor_si256(t[r], flip),
+            );
+            for g in 2 * b..2 * b + 2 {
+                *dw.add(r * gs + g) = ds[r];
+                *cw.add(r * gs + g) = -128.0 * ds[r];
+            }
+        }
+    }
+}
+
 /// Signed quants `q` become codes `q + 128` with `cw = -128·dw`; unsigned ones stay, with
 /// the block's min as `cw`.
 #[inline(always)]

@@ -151,11 +151,16 @@ pub(crate) fn stored_rows(t: &Tensor, packed: &[u8], r0: usize, rows: usize, dst
 }
 
 /// One group of 8 rows (`rb` bytes each) from the rows-by-8 layout back to the stored one.
+/// (A GEMM over a packed tensor runs this for every tile: the quant words move as `u32`s
+/// without per-field slice checks; the sizes are checked once here.)
 fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
     let (f16s, qh) = header(dtype).expect("a packed format");
     let bb = dtype.block_bytes();
     let hb = 2 * f16s + if qh { 4 } else { 0 };
-    for b in 0..rb / bb {
+    let nb = rb / bb;
+    assert!(src.len() >= GROUP * nb * bb && dst.len() >= GROUP * rb && rb == nb * bb);
+    let words = (bb - hb) / 4;
+    for b in 0..nb {
         let o = &src[b * GROUP * bb..(b + 1) * GROUP * bb];
         for r in 0..GROUP {
             let blk = &mut dst[r * rb + b * bb..r * rb + (b + 1) * bb];
@@ -167,9 +172,15 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
                 let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
                 blk[2 * f16s..2 * f16s + 4].copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
             }
-            for c in 0..(bb - hb) / 4 {
-                let q = GROUP * hb + 32 * c + 4 * r;
-                blk[hb + 4 * c..hb + 4 * c + 4].copy_from_slice(&o[q..q + 4]);
+            let (q, out) = (o[GROUP * hb..].as_ptr(), blk[hb..].as_mut_ptr());
+            for c in 0..words {
+                // SAFETY: `o` holds GROUP·hb header bytes then `words` chunks of 32 bytes
+                // (8 rows × 4), so chunk c's word r is in bounds; `blk[hb..]` holds
+                // 4·words bytes. Unaligned reads and writes of whole u32s.
+                unsafe {
+                    let v = (q.add(32 * c + 4 * r) as *const u32).read_unaligned();
+                    (out.add(4 * c) as *mut u32).write_unaligned(v);
+                }
             }
         }
     }
