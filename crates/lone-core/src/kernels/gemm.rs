@@ -397,7 +397,9 @@ pub(super) fn igemm(jobs: &[Job], x: &[f32], n: usize) {
                         };
                     }
                 }
-                for r in 0..if q8_groups.is_some() { 0 } else { rows } {
+                // Otherwise every row from the stored layout.
+                let stored = if q8_groups.is_some() { 0 } else { rows };
+                for r in 0..stored {
                     // SAFETY: `wp` holds the tile's rows·rb stored bytes (`with_stored_rows`);
                     // the outputs are row r of buffers sized above; `dtype` is supported (igemm
                     // flag).
