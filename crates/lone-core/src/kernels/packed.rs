@@ -6,9 +6,9 @@
 //! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (16 bytes), for
 //! Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see [`high_bits_by_chunk`]),
 //! then the 8 rows' quant bytes (16, or Q8_0's 32) in chunks of 32 bytes, chunk `c` holding
-//! bytes `4c..4c+4` of row 0, then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
-//! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
-//! stay as they were stored.
+//! bytes `4c..4c+4` of row 0, then of row 1, …, of row 7. A group takes exactly the bytes its
+//! 8 rows took, so row `r` of a group still starts its group at `r / 8 · 8 · row_bytes`; rows
+//! past the last whole group stay as they were stored.
 
 use crate::tensor::{DType, Tensor};
 
@@ -64,7 +64,7 @@ fn high_bits_from_chunk(h: u32) -> u32 {
 ///
 /// Panics if `t` is not a format [`packs`] takes, with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
-    let (f16s, qh) = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0 or Q5_1");
+    let (f16s, qh) = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0");
     let bb = t.dtype.block_bytes();
     let hb = 2 * f16s + if qh { 4 } else { 0 };
     let k = t.row_len();
