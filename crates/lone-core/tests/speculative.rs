@@ -361,8 +361,9 @@ fn verify_passes_keep_the_one_row_numerics_of_8bit_decode() {
     assert_eq!(g.tokens, plain.tokens);
 }
 
-/// A verify pass's rows on an 8-bit head (here 8 rows of one sequence, which take fast mode's
-/// 8-bit GEMM for the head in the default mode on x86) give each row the top logit that
+/// A verify pass's rows on an 8-bit head (here 8 rows of one sequence: a Q8_0 head takes fast
+/// mode's 8-bit GEMM for them in the default mode with `LONE_ISA=avx2`, and its packed
+/// matrix-vector kernel on the VNNI levels) give each row the top logit that
 /// decoding the same tokens one by one gives, bit for bit, and the same argmax: the top of
 /// each row is the exact head's, rescored, whatever kernel produced the rest.
 #[test]

@@ -75,6 +75,7 @@ use vecops::*;
 
 pub(crate) use gemm::IGEMM_MIN_ROWS;
 pub use matmul::{matmul, matmul_many, matmul_with};
+pub(crate) use mode::fast_rows_packed;
 pub use mode::{
     decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,
     Mode, Scope,

@@ -212,6 +212,13 @@ pub(super) fn packs_here(dtype: DType) -> bool {
     active().table[dtype_index(dtype)][m as usize].packed
 }
 
+/// Whether fast mode's matrix-vector kernel for `dtype` reads the rows-by-8 packed layout: it
+/// then serves a verify pass's rows at about a GEMM's cost per row without unpacking, so a
+/// model's head keeps it for them (see `Model::forward`).
+pub(crate) fn fast_rows_packed(dtype: DType) -> bool {
+    active().table[dtype_index(dtype)][Mode::Fast as usize].packed
+}
+
 /// Most threads this thread's parallel regions use.
 pub(super) fn threads_here() -> Option<usize> {
     HERE.with(|c| c.get()).threads
