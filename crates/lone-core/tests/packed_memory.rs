@@ -1,5 +1,5 @@
-//! A model whose weights the decode kernels repack (Q4_0/Q4_1/Q5_0/Q5_1, and Q8_0 on the VNNI
-//! levels, rows by 8) holds
+//! A model whose weights the decode kernels repack (Q4_0/Q4_1/Q5_0/Q5_1/Q4_K, and Q8_0 on the
+//! VNNI levels, rows by 8) holds
 //! them in memory once: after a prompt and some decoding, the file's mapping keeps resident
 //! only the tensors that are not repacked. Before, the prompt GEMM kept reading the file's
 //! copy, so both stayed resident (LFM2-350M Q4_0: peak RSS 409 MiB, now 256).
@@ -65,7 +65,7 @@ fn repacked_weights_are_resident_once() {
     for t in &g.tensors {
         if matches!(
             t.dtype,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K
         ) || (q8_packed && t.dtype == DType::Q8_0)
         {
             packed += t.len;

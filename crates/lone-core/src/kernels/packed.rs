@@ -1,29 +1,49 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
-//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the x86 8-bit matrix-vector kernels
+//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K; the x86 8-bit matrix-vector kernels
 //! `q4_0_x8` …): the rows are taken in groups of 8, and each group's blocks are stored block
-//! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (16 bytes), for
-//! Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see [`high_bits_by_chunk`]),
-//! then the 8 rows' quant bytes (16, or Q8_0's 32) in chunks of 32 bytes, chunk `c` holding
-//! bytes `4c..4c+4` of row 0, then of row 1, …, of row 7. A group takes exactly the bytes its
-//! 8 rows took, so row `r` of a group still starts its group at `r / 8 · 8 · row_bytes`; rows
-//! past the last whole group stay as they were stored.
+//! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (Q4_K: its
+//! dmins; 16 bytes), for Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see
+//! [`high_bits_by_chunk`]), for Q4_K the three 32-bit words of its packed 6-bit scales and
+//! mins (3 × 32 bytes: word `w` of row 0, …, of row 7), then the 8 rows' quant bytes (16,
+//! Q8_0's 32, Q4_K's 128) in chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0,
+//! then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
+//! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
+//! stay as they were stored.
 
 use crate::tensor::{DType, Tensor};
 
 /// Rows per packed group.
 pub(crate) const GROUP: usize = 8;
 
-/// (f16 fields, whether a 32-bit high-bit word follows them) at the start of each block of
-/// a format packed by 8; the 16 quant bytes come after.
-fn header(dtype: DType) -> Option<(usize, bool)> {
+/// The fields at the start of each block of a format packed by 8 (the quant bytes come
+/// after).
+#[derive(Clone, Copy)]
+struct Header {
+    /// f16 fields (scale; min).
+    f16s: usize,
+    /// A 32-bit high-bit word, rearranged by [`high_bits_by_chunk`] (Q5_0, Q5_1).
+    qh: bool,
+    /// 32-bit words moved as they are (Q4_K's 12 bytes of scales and mins).
+    words: usize,
+}
+
+impl Header {
+    /// Bytes of these fields in one row's block.
+    fn bytes(self) -> usize {
+        2 * self.f16s + 4 * usize::from(self.qh) + 4 * self.words
+    }
+}
+
+fn header(dtype: DType) -> Option<Header> {
+    let h = |f16s, qh, words| Some(Header { f16s, qh, words });
     match dtype {
-        DType::Q4_0 => Some((1, false)),
-        DType::Q4_1 => Some((2, false)),
-        DType::Q5_0 => Some((1, true)),
-        DType::Q5_1 => Some((2, true)),
-        DType::Q8_0 => Some((1, false)),
+        DType::Q4_0 | DType::Q8_0 => h(1, false, 0),
+        DType::Q4_1 => h(2, false, 0),
+        DType::Q5_0 => h(1, true, 0),
+        DType::Q5_1 => h(2, true, 0),
+        DType::Q4K => h(2, false, 3),
         _ => None,
     }
 }
@@ -64,11 +84,12 @@ fn high_bits_from_chunk(h: u32) -> u32 {
 ///
 /// Panics if `t` is not a format [`packs`] takes, with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
-    let (f16s, qh) = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0");
+    let hd = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
+    let (f16s, qh) = (hd.f16s, hd.qh);
     let bb = t.dtype.block_bytes();
-    let hb = 2 * f16s + if qh { 4 } else { 0 };
+    let hb = hd.bytes();
     let k = t.row_len();
-    let nb = k / 32;
+    let nb = k / t.dtype.block_size();
     let rb = nb * bb;
     let data = t.data();
     assert_eq!(data.len(), t.n_rows() * rb, "rows_by_8: whole blocks");
@@ -89,6 +110,11 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
                     let w = u32::from_le_bytes(blk[2 * f16s..2 * f16s + 4].try_into().unwrap());
                     let at = 16 * f16s + 4 * r;
                     head[at..at + 4].copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
+                }
+                for w in 0..hd.words {
+                    let at = 2 * f16s + 4 * usize::from(qh) + 4 * w;
+                    let to = 16 * f16s + 32 * usize::from(qh) + 32 * w + 4 * r;
+                    head[to..to + 4].copy_from_slice(&blk[at..at + 4]);
                 }
                 for c in 0..(bb - hb) / 4 {
                     quants[32 * c + 4 * r..32 * c + 4 * r + 4]
@@ -154,9 +180,10 @@ pub(crate) fn stored_rows(t: &Tensor, packed: &[u8], r0: usize, rows: usize, dst
 /// (A GEMM over a packed tensor runs this for every tile: the quant words move as `u32`s
 /// without per-field slice checks; the sizes are checked once here.)
 fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
-    let (f16s, qh) = header(dtype).expect("a packed format");
+    let hd = header(dtype).expect("a packed format");
+    let (f16s, qh) = (hd.f16s, hd.qh);
     let bb = dtype.block_bytes();
-    let hb = 2 * f16s + if qh { 4 } else { 0 };
+    let hb = hd.bytes();
     let nb = rb / bb;
     assert!(src.len() >= GROUP * nb * bb && dst.len() >= GROUP * rb && rb == nb * bb);
     let words = (bb - hb) / 4;
@@ -171,6 +198,11 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
                 let at = 16 * f16s + 4 * r;
                 let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
                 blk[2 * f16s..2 * f16s + 4].copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
+            }
+            for w in 0..hd.words {
+                let at = 16 * f16s + 32 * usize::from(qh) + 32 * w + 4 * r;
+                let to = 2 * f16s + 4 * usize::from(qh) + 4 * w;
+                blk[to..to + 4].copy_from_slice(&o[at..at + 4]);
             }
             let (q, out) = (o[GROUP * hb..].as_ptr(), blk[hb..].as_mut_ptr());
             for c in 0..words {
@@ -200,9 +232,10 @@ mod tests {
             DType::Q5_0,
             DType::Q5_1,
             DType::Q8_0,
+            DType::Q4K,
         ] {
             for rows in [1usize, 8, 13, 24] {
-                let k = 96;
+                let k = if dtype == DType::Q4K { 512 } else { 96 };
                 let bytes: Vec<u8> = (0..rows * dtype.bytes_for(k).unwrap())
                     .map(|i| (i * 131 % 251) as u8)
                     .collect();

@@ -256,7 +256,7 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
-        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k))),
+        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8))),
     weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
         fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k))),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),

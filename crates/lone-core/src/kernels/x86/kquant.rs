@@ -137,6 +137,137 @@ pub(in crate::kernels) unsafe fn q45k_rows<D: IDot, const FIVE: bool>(a: &MatArg
     by_nx!(a, q45k_rows_n, D, FIVE)
 }
 
+/// Q4_K packed by 8 rows ([`crate::kernels::packed`]): per block of 256 elements and group,
+/// the 8 rows' d (16 bytes), dmin (16), the three words of packed 6-bit scales and mins (3 ×
+/// 32), then 32 chunks of 32 bytes (chunk `8i + c`: quant bytes `32i + 4c..+4` of each row;
+/// their low nibbles are elements `4c..4c+4` of sub-block `2i`, their high nibbles those of
+/// sub-block `2i + 1`). One `vpdpbusd` (or `vpmaddubsw` pair) serves 8 rows × 4 elements;
+/// each sub-block's integer sums are scaled by the 8 rows' 6-bit scales as i32 lanes, and
+/// the mins meet the activation block's sums of 32 by `vpmaddwd`: the 8 rows' results are
+/// the lanes of one register, without horizontal sums. Rows past the last whole group are
+/// stored as they were and take [`q45k_rows_n`].
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let gb = 8 * 144;
+    let groups = a.rows / 8;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let k1 = _mm256_set1_epi32(0x3f3f_3f3f);
+    let k2 = _mm256_set1_epi32(0x0f0f_0f0f);
+    let k3 = _mm256_set1_epi32(0x0303_0303);
+    let byte = _mm256_set1_epi32(0xff);
+    let words = _mm256_set1_epi32(0x00ff_00ff);
+    // Per 128-bit lane of the activation sums of 32 (B0..B3 | B4..B7 as i16, twice): the
+    // dwords (B0, B2), (B1, B3) | (B4, B6), (B5, B7).
+    let pairs = _mm256_setr_epi8(
+        0, 1, 4, 5, 2, 3, 6, 7, 0, 1, 4, 5, 2, 3, 6, 7, 0, 1, 4, 5, 2, 3, 6, 7, 0, 1, 4, 5, 2, 3,
+        6, 7,
+    );
+    for g in 0..groups {
+        let base = a.w.add(g * 8 * a.w_stride);
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let p = base.add(b * gb);
+            for l in 0..gb / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
+            // ggml's unpacking of the 12 scale bytes, lane r = row r.
+            let u0 = _mm256_loadu_si256(p.add(32) as *const __m256i);
+            let u1 = _mm256_loadu_si256(p.add(64) as *const __m256i);
+            let u2 = _mm256_loadu_si256(p.add(96) as *const __m256i);
+            let sc_lo = _mm256_and_si256(u0, k1);
+            let sc_hi = _mm256_or_si256(
+                _mm256_and_si256(u2, k2),
+                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4),
+            );
+            let m_lo = _mm256_and_si256(u1, k1);
+            let m_hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4),
+            );
+            // Mins as i16 pairs: (m0, m2), (m1, m3), (m4, m6), (m5, m7).
+            let m02 = _mm256_and_si256(m_lo, words);
+            let m13 = _mm256_and_si256(_mm256_srli_epi32(m_lo, 8), words);
+            let m46 = _mm256_and_si256(m_hi, words);
+            let m57 = _mm256_and_si256(_mm256_srli_epi32(m_hi, 8), words);
+            let mut sumi = [_mm256_setzero_si256(); NX];
+            for i in 0..4 {
+                let sc4 = if i < 2 { sc_lo } else { sc_hi };
+                let sh = 16 * (i as i32 & 1);
+                let sa = _mm256_and_si256(_mm256_srl_epi32(sc4, _mm_cvtsi32_si128(sh)), byte);
+                let sb = _mm256_and_si256(_mm256_srl_epi32(sc4, _mm_cvtsi32_si128(sh + 8)), byte);
+                let q = p.add(128 + 256 * i);
+                // Four chains per activation row: low / high nibbles, even / odd chunks (4
+                // steps each: within AVX2's i16 bound for 4-bit codes).
+                // (Chains indexed by constants: a chain picked by the loop counter would keep
+                // them in memory.)
+                let mut s = [[_mm256_setzero_si256(); 4]; NX];
+                macro_rules! chunk {
+                    ($c:expr, $lo:literal, $hi:literal) => {{
+                        let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
+                        let lo = _mm256_and_si256(raw, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                        for t in 0..NX {
+                            let xq = xs[t].add(b * 292 + 4 + 64 * i + 4 * $c);
+                            let xl = _mm256_set1_epi32((xq as *const i32).read_unaligned());
+                            let xh = _mm256_set1_epi32((xq.add(32) as *const i32).read_unaligned());
+                            s[t][$lo] = D::acc_dot(s[t][$lo], lo, xl);
+                            s[t][$hi] = D::acc_dot(s[t][$hi], hi, xh);
+                        }
+                    }};
+                }
+                for c in (0..8).step_by(2) {
+                    chunk!(c, 0, 2);
+                    chunk!(c + 1, 1, 3);
+                }
+                for t in 0..NX {
+                    let da = _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1]));
+                    let db = _mm256_add_epi32(D::acc_finish(s[t][2]), D::acc_finish(s[t][3]));
+                    sumi[t] = _mm256_add_epi32(
+                        sumi[t],
+                        _mm256_add_epi32(_mm256_mullo_epi32(da, sa), _mm256_mullo_epi32(db, sb)),
+                    );
+                }
+            }
+            for t in 0..NX {
+                let xb = xs[t].add(b * 292);
+                let dx = _mm256_set1_ps(f32_at(xb));
+                // Sums of 32 activations B0..B7 from the 16 sums of 16, then Σ m_j·B_j.
+                let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+                let bp = _mm256_shuffle_epi8(_mm256_hadd_epi16(bs, bs), pairs);
+                let at = |j: i32| _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(j));
+                let mins = _mm256_add_epi32(
+                    _mm256_add_epi32(_mm256_madd_epi16(m02, at(0)), _mm256_madd_epi16(m13, at(1))),
+                    _mm256_add_epi32(_mm256_madd_epi16(m46, at(4)), _mm256_madd_epi16(m57, at(5))),
+                );
+                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(d, dx), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), v);
+            }
+        }
+        for t in 0..NX {
+            _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * g), acc[t]);
+        }
+    }
+    let r = groups * 8;
+    if r < a.rows {
+        let rest = MatArgs {
+            w: a.w.add(r * a.w_stride),
+            rows: a.rows - r,
+            out: a.out.add(r),
+            ..*a
+        };
+        q45k_rows_n::<D, false, NX>(&rest);
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q4k_x8<D: IDot>(a: &MatArgs) {
+    by_nx!(a, q4k_x8_n, D)
+}
+
 /// Q6_K (210 bytes: ql[128], qh[64], scales:[i8;16], d).
 #[inline(always)]
 pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArgs) {

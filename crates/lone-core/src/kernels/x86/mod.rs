@@ -226,7 +226,7 @@ macro_rules! fast_entries {
         entry!(q4_1_x8, $features, packed_rows::<$D, WQ4_1>);
         entry!(q5_0_x8, $features, packed_rows::<$D, WQ5_0U>);
         entry!(q5_1_x8, $features, packed_rows::<$D, WQ5_1>);
-        entry!(q4_k, $features, q45k_rows::<$D, false>);
+        entry!(q4_k_x8, $features, q4k_x8::<$D>);
         entry!(q5_k, $features, q45k_rows::<$D, true>);
         entry!(q6_k, $features, q6k_rows::<$D>);
     };
