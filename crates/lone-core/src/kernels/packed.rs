@@ -17,40 +17,61 @@ use crate::tensor::{DType, Tensor};
 /// Rows per packed group.
 pub(crate) const GROUP: usize = 8;
 
-/// The fields at the start of each block of a format packed by 8 (the quant bytes come
-/// after).
+/// One field of a row's block as the packed layout moves it: `size` bytes (2: an f16; 4: a
+/// word of quants or scales) at `at`, stored for the 8 rows of a group one after the other
+/// (16 or 32 bytes); `qh`: a Q5 high-bit word, rearranged by [`high_bits_by_chunk`].
 #[derive(Clone, Copy)]
-struct Header {
-    /// f16 fields (scale; min).
-    f16s: usize,
-    /// A 32-bit high-bit word, rearranged by [`high_bits_by_chunk`] (Q5_0, Q5_1).
+struct Unit {
+    at: usize,
+    size: usize,
     qh: bool,
-    /// 32-bit words moved as they are (Q4_K's 12 bytes of scales and mins).
-    words: usize,
 }
 
-impl Header {
-    /// Bytes of these fields in one row's block.
-    fn bytes(self) -> usize {
-        2 * self.f16s + 4 * usize::from(self.qh) + 4 * self.words
-    }
-}
-
-fn header(dtype: DType) -> Option<Header> {
-    let h = |f16s, qh, words| Some(Header { f16s, qh, words });
+/// The fields of `dtype`'s block in packed order (they cover the block), if it is packed.
+fn units(dtype: DType) -> Option<Vec<Unit>> {
+    let f16 = |at| Unit {
+        at,
+        size: 2,
+        qh: false,
+    };
+    let word = |at| Unit {
+        at,
+        size: 4,
+        qh: false,
+    };
+    let mut u = Vec::new();
+    // Legacy formats: f16 fields (d; m), the Q5 high-bit word, then the quant words.
+    let mut legacy = |f16s: usize, qh: bool| {
+        u.extend((0..f16s).map(|f| f16(2 * f)));
+        let mut at = 2 * f16s;
+        if qh {
+            u.push(Unit {
+                at,
+                size: 4,
+                qh: true,
+            });
+            at += 4;
+        }
+        u.extend((at..dtype.block_bytes()).step_by(4).map(word));
+    };
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => h(1, false, 0),
-        DType::Q4_1 => h(2, false, 0),
-        DType::Q5_0 => h(1, true, 0),
-        DType::Q5_1 => h(2, true, 0),
-        DType::Q4K => h(2, false, 3),
-        _ => None,
+        DType::Q4_0 | DType::Q8_0 => legacy(1, false),
+        DType::Q4_1 => legacy(2, false),
+        DType::Q5_0 => legacy(1, true),
+        DType::Q5_1 => legacy(2, true),
+        // d, dmin, the 12 bytes of 6-bit scales and mins, the 128 quant bytes.
+        DType::Q4K => {
+            u.extend([f16(0), f16(2)]);
+            u.extend((4..144).step_by(4).map(word));
+        }
+        _ => return None,
     }
+    Some(u)
 }
 
 /// Whether [`rows_by_8`] packs `dtype`.
 pub(crate) fn packs(dtype: DType) -> bool {
-    header(dtype).is_some()
+    units(dtype).is_some()
 }
 
 /// A Q5 block's high-bit word `qh` (bit `i` = bit 4 of element `i`) rearranged for the
@@ -84,10 +105,8 @@ fn high_bits_from_chunk(h: u32) -> u32 {
 ///
 /// Panics if `t` is not a format [`packs`] takes, with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
-    let hd = header(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
-    let (f16s, qh) = (hd.f16s, hd.qh);
+    let units = units(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
     let bb = t.dtype.block_bytes();
-    let hb = hd.bytes();
     let k = t.row_len();
     let nb = k / t.dtype.block_size();
     let rb = nb * bb;
@@ -99,27 +118,19 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
     let pack_group = |(src, dst): (&[u8], &mut [u8])| {
         for b in 0..nb {
             let o = &mut dst[b * GROUP * bb..(b + 1) * GROUP * bb];
-            let (head, quants) = o.split_at_mut(GROUP * hb);
-            for r in 0..GROUP {
-                let blk = &src[r * rb + b * bb..r * rb + (b + 1) * bb];
-                for f in 0..f16s {
-                    head[16 * f + 2 * r..16 * f + 2 * r + 2]
-                        .copy_from_slice(&blk[2 * f..2 * f + 2]);
+            let mut pos = 0;
+            for u in &units {
+                for r in 0..GROUP {
+                    let f = &src[r * rb + b * bb + u.at..][..u.size];
+                    let to = &mut o[pos + u.size * r..][..u.size];
+                    if u.qh {
+                        let w = u32::from_le_bytes(f.try_into().unwrap());
+                        to.copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
+                    } else {
+                        to.copy_from_slice(f);
+                    }
                 }
-                if qh {
-                    let w = u32::from_le_bytes(blk[2 * f16s..2 * f16s + 4].try_into().unwrap());
-                    let at = 16 * f16s + 4 * r;
-                    head[at..at + 4].copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
-                }
-                for w in 0..hd.words {
-                    let at = 2 * f16s + 4 * usize::from(qh) + 4 * w;
-                    let to = 16 * f16s + 32 * usize::from(qh) + 32 * w + 4 * r;
-                    head[to..to + 4].copy_from_slice(&blk[at..at + 4]);
-                }
-                for c in 0..(bb - hb) / 4 {
-                    quants[32 * c + 4 * r..32 * c + 4 * r + 4]
-                        .copy_from_slice(&blk[hb + 4 * c..hb + 4 * c + 4]);
-                }
+                pos += GROUP * u.size;
             }
         }
     };
@@ -177,43 +188,35 @@ pub(crate) fn stored_rows(t: &Tensor, packed: &[u8], r0: usize, rows: usize, dst
 }
 
 /// One group of 8 rows (`rb` bytes each) from the rows-by-8 layout back to the stored one.
-/// (A GEMM over a packed tensor runs this for every tile: the quant words move as `u32`s
+/// (A GEMM over a packed tensor runs this for every tile: fields move as `u16`/`u32`s
 /// without per-field slice checks; the sizes are checked once here.)
 fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
-    let hd = header(dtype).expect("a packed format");
-    let (f16s, qh) = (hd.f16s, hd.qh);
+    let units = units(dtype).expect("a packed format");
     let bb = dtype.block_bytes();
-    let hb = hd.bytes();
     let nb = rb / bb;
     assert!(src.len() >= GROUP * nb * bb && dst.len() >= GROUP * rb && rb == nb * bb);
-    let words = (bb - hb) / 4;
     for b in 0..nb {
-        let o = &src[b * GROUP * bb..(b + 1) * GROUP * bb];
-        for r in 0..GROUP {
-            let blk = &mut dst[r * rb + b * bb..r * rb + (b + 1) * bb];
-            for f in 0..f16s {
-                blk[2 * f..2 * f + 2].copy_from_slice(&o[16 * f + 2 * r..16 * f + 2 * r + 2]);
-            }
-            if qh {
-                let at = 16 * f16s + 4 * r;
-                let h = u32::from_le_bytes(o[at..at + 4].try_into().unwrap());
-                blk[2 * f16s..2 * f16s + 4].copy_from_slice(&high_bits_from_chunk(h).to_le_bytes());
-            }
-            for w in 0..hd.words {
-                let at = 16 * f16s + 32 * usize::from(qh) + 32 * w + 4 * r;
-                let to = 2 * f16s + 4 * usize::from(qh) + 4 * w;
-                blk[to..to + 4].copy_from_slice(&o[at..at + 4]);
-            }
-            let (q, out) = (o[GROUP * hb..].as_ptr(), blk[hb..].as_mut_ptr());
-            for c in 0..words {
-                // SAFETY: `o` holds GROUP·hb header bytes then `words` chunks of 32 bytes
-                // (8 rows × 4), so chunk c's word r is in bounds; `blk[hb..]` holds
-                // 4·words bytes. Unaligned reads and writes of whole u32s.
+        let (o, blk) = (src[b * GROUP * bb..].as_ptr(), dst[b * bb..].as_mut_ptr());
+        let mut pos = 0;
+        for u in &units {
+            for r in 0..GROUP {
+                // SAFETY: the units tile a block (`units`): field `u` of row r lies at
+                // `u.at..u.at + u.size` < bb of the row's block (r·rb + b·bb inside `dst`,
+                // asserted above), and its packed copy at `pos + u.size·r` inside the group's
+                // GROUP·bb bytes of block b of `src`. Unaligned reads and writes.
                 unsafe {
-                    let v = (q.add(32 * c + 4 * r) as *const u32).read_unaligned();
-                    (out.add(4 * c) as *mut u32).write_unaligned(v);
+                    let from = o.add(pos + u.size * r);
+                    let to = blk.add(r * rb + u.at);
+                    if u.size == 2 {
+                        (to as *mut u16).write_unaligned((from as *const u16).read_unaligned());
+                    } else {
+                        let v = (from as *const u32).read_unaligned();
+                        let v = if u.qh { high_bits_from_chunk(v) } else { v };
+                        (to as *mut u32).write_unaligned(v);
+                    }
                 }
             }
+            pos += GROUP * u.size;
         }
     }
 }
@@ -264,6 +267,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Each packed format's fields cover every byte of its block exactly once (what
+    /// `unpack_group`'s unchecked moves rely on).
+    #[test]
+    fn units_tile_their_blocks() {
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4K,
+        ] {
+            let mut seen = vec![0u8; dtype.block_bytes()];
+            for u in units(dtype).unwrap() {
+                seen[u.at..u.at + u.size].iter_mut().for_each(|c| *c += 1);
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{dtype}");
+        }
+        assert!(!packs(DType::Q6K) && !packs(DType::F16));
     }
 
     /// The rearranged high bits say, byte by byte, what the module docs say: for every

@@ -352,8 +352,9 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
         let mut acc = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let p = base.add(b * gb);
+            // Into L2 (see kquant's `prefetch_block`).
             for l in 0..gb.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
             let mv = if W::F16S == 2 {

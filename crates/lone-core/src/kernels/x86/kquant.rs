@@ -46,13 +46,15 @@ pub(in crate::kernels) unsafe fn pair_shuffle(j: usize) -> __m256i {
 
 /// Prefetches the cache lines of the block [`PREFETCH`] bytes past `wb` (`bb` bytes): the
 /// 8-bit K-quant kernels otherwise stall on their weight loads (LFM2-350M Q4_K_M decode on a
-/// 2-vCPU Xeon guest).
+/// 2-vCPU Xeon guest). Into L2 (T1), as the packed kernels: on Zen 4 a packed kernel's
+/// T0 prefetches (18-27 lines a block) filled L1's miss queue, and streaming weights from
+/// memory went slower than with none (docs/performance.md, eighteenth session).
 #[inline(always)]
 unsafe fn prefetch_block(wb: *const u8, bb: usize) {
     let ahead = wb.wrapping_add(PREFETCH);
     let mut o = 0;
     while o < bb + 63 {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(o) as *const i8);
         o += 64;
     }
 }
@@ -169,8 +171,9 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
         let mut acc = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let p = base.add(b * gb);
+            // Into L2 ([`prefetch_block`]).
             for l in 0..gb / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
             }
             let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
@@ -238,10 +241,20 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
                 // Sums of 32 activations B0..B7 from the 16 sums of 16, then Σ m_j·B_j.
                 let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
                 let bp = _mm256_shuffle_epi8(_mm256_hadd_epi16(bs, bs), pairs);
-                let at = |j: i32| _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(j));
+                macro_rules! at {
+                    ($j:literal) => {
+                        _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32($j))
+                    };
+                }
                 let mins = _mm256_add_epi32(
-                    _mm256_add_epi32(_mm256_madd_epi16(m02, at(0)), _mm256_madd_epi16(m13, at(1))),
-                    _mm256_add_epi32(_mm256_madd_epi16(m46, at(4)), _mm256_madd_epi16(m57, at(5))),
+                    _mm256_add_epi32(
+                        _mm256_madd_epi16(m02, at!(0)),
+                        _mm256_madd_epi16(m13, at!(1)),
+                    ),
+                    _mm256_add_epi32(
+                        _mm256_madd_epi16(m46, at!(4)),
+                        _mm256_madd_epi16(m57, at!(5)),
+                    ),
                 );
                 let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(d, dx), acc[t]);
                 acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), v);
