@@ -225,18 +225,20 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
 mod tests {
     use super::*;
 
+    const PACKED: [DType; 6] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+    ];
+
     /// Packing is a permutation of whole fields: unpacking gives the stored bytes back, and
     /// a group's first block starts with its 8 rows' scales in row order.
     #[test]
     fn rows_by_8_is_a_lossless_permutation() {
-        for dtype in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q8_0,
-            DType::Q4K,
-        ] {
+        for dtype in PACKED {
             for rows in [1usize, 8, 13, 24] {
                 let k = if dtype == DType::Q4K { 512 } else { 96 };
                 let bytes: Vec<u8> = (0..rows * dtype.bytes_for(k).unwrap())
@@ -273,14 +275,7 @@ mod tests {
     /// `unpack_group`'s unchecked moves rely on).
     #[test]
     fn units_tile_their_blocks() {
-        for dtype in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q8_0,
-            DType::Q4K,
-        ] {
+        for dtype in PACKED {
             let mut seen = vec![0u8; dtype.block_bytes()];
             for u in units(dtype).unwrap() {
                 seen[u.at..u.at + u.size].iter_mut().for_each(|c| *c += 1);

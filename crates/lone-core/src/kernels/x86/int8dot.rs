@@ -443,16 +443,25 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
             _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * g), acc[t]);
         }
     }
-    let r = groups * 8;
-    if r < a.rows {
-        let rest = MatArgs {
-            w: a.w.add(r * a.w_stride),
-            rows: a.rows - r,
-            out: a.out.add(r),
-            ..*a
-        };
+    if let Some(rest) = rows_past_groups(a) {
         legacy_rows_n::<D, W, NX, PREFETCH>(&rest);
     }
+}
+
+/// The rows of `a` past its last whole group of 8 (stored as they were: the packed kernels
+/// hand them to a row-by-row kernel), if any.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
+    let r = a.rows / 8 * 8;
+    if r == a.rows {
+        return None;
+    }
+    Some(MatArgs {
+        w: a.w.add(r * a.w_stride),
+        rows: a.rows - r,
+        out: a.out.add(r),
+        ..*a
+    })
 }
 
 #[inline(always)]

@@ -264,14 +264,7 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
             _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * g), acc[t]);
         }
     }
-    let r = groups * 8;
-    if r < a.rows {
-        let rest = MatArgs {
-            w: a.w.add(r * a.w_stride),
-            rows: a.rows - r,
-            out: a.out.add(r),
-            ..*a
-        };
+    if let Some(rest) = rows_past_groups(a) {
         q45k_rows_n::<D, false, NX>(&rest);
     }
 }
