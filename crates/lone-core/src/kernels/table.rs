@@ -177,7 +177,7 @@ pub(super) struct Kernel {
 
 /// One weight format as the kernel table sees it: its 8-bit activation format and its
 /// kernels per ISA, all in one place (as ggml's `type_traits_cpu`). A format is added here
-/// (plus its quantizer in `quant`, and for the rows-by-8 layout `packed::header`).
+/// (plus its quantizer in `quant`, and for the rows-by-8 layout `packed::units`).
 pub(super) struct Format {
     pub(super) dtype: DType,
     /// The 8-bit activation format llama.cpp pairs with it in fast mode (Q4_0/Q5_0 as
@@ -198,8 +198,9 @@ pub(super) struct X86Kernels {
     /// generic one, and the activations it takes.
     pub(super) fac: Option<(MatFn, Act)>,
     /// The 8-bit matrix-vector kernels (activations in `act`'s format): [AVX2, AVX-VNNI,
-    /// AVX-512].
-    pub(super) fast: Option<[MatFn; 3]>,
+    /// AVX-512], each with whether it reads the rows-by-8 layout ([`packed`]; the format
+    /// must be one [`packed::packs`], test `packed_kernels_have_a_packed_layout`).
+    pub(super) fast: Option<[(MatFn, bool); 3]>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -211,11 +212,11 @@ macro_rules! both {
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! all3 {
-    ($name:ident) => {
+    ($name:ident, packed: $p:expr) => {
         [
-            x86::avx2::$name as MatFn,
-            x86::avxvnni::$name as MatFn,
-            x86::avx512::$name as MatFn,
+            (x86::avx2::$name as MatFn, $p),
+            (x86::avxvnni::$name as MatFn, $p),
+            (x86::avx512::$name as MatFn, $p),
         ]
     };
 }
@@ -242,25 +243,26 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None),
     weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
-        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8))),
+        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true))),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
-        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8))),
+        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true))),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
-        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8))),
+        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true))),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
-        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8))),
+        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true))),
     // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
-        fast: Some([x86::q8_0::avx2 as MatFn, x86::q8_0::avxvnni, x86::q8_0::avx512])),
+        fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
+            (x86::q8_0::avx512, true)])),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
-        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8))),
+        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true))),
     weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
-        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k))),
+        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k, packed: false))),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
-        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k))),
+        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false))),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -387,14 +389,14 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         let fast = k
             .fast
             .expect("a format with an 8-bit activation format has 8-bit kernels");
+        let (f, packed) = fast[fast_level];
         return Some(Kernel {
-            f: fast[fast_level],
+            f,
             act: Act::Quant(ad),
             gemm: None,
             igemm: false,
             bgemm: false,
-            // AVX2's Q8_0 kernel reads the stored rows (see FORMATS).
-            packed: packed::packs(dtype) && !(dtype == DType::Q8_0 && fast_level == 0),
+            packed,
             isa,
         });
     }

@@ -823,3 +823,25 @@ fn simd_activation_quantizers_are_the_reference() {
         }
     }
 }
+
+/// A kernel that reads the rows-by-8 layout belongs to a format `packed` lays out, and every
+/// format `packed` lays out has such a kernel on the VNNI levels (a layout no kernel reads
+/// would only cost the copy).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packed_kernels_have_a_packed_layout() {
+    for dtype in FORMATS {
+        let Some(fast) = format_of(dtype).and_then(|f| f.x86.fast) else {
+            assert!(
+                !packed::packs(dtype),
+                "{dtype}: packed without 8-bit kernels"
+            );
+            continue;
+        };
+        for (level, &(_, p)) in fast.iter().enumerate() {
+            assert!(!p || packed::packs(dtype), "{dtype} level {level}");
+        }
+        assert_eq!(fast[2].1, packed::packs(dtype), "{dtype} on AVX-512");
+        assert_eq!(fast[1].1, packed::packs(dtype), "{dtype} on AVX-VNNI");
+    }
+}
