@@ -17,56 +17,61 @@ use crate::tensor::{DType, Tensor};
 /// Rows per packed group.
 pub(crate) const GROUP: usize = 8;
 
-/// One field of a row's block as the packed layout moves it: `size` bytes (2: an f16; 4: a
-/// word of quants or scales) at `at`, stored for the 8 rows of a group one after the other
-/// (16 or 32 bytes); `qh`: a Q5 high-bit word, rearranged by [`high_bits_by_chunk`].
+/// A run of `n` fields of a row's block as the packed layout moves them: field `j` is `size`
+/// bytes (2: an f16; 4: a word of quants or scales) at `at + j·size`, stored for the 8 rows of
+/// a group one after the other (16 or 32 bytes); `qh`: a Q5 high-bit word, rearranged by
+/// [`high_bits_by_chunk`].
 #[derive(Clone, Copy)]
 struct Unit {
     at: usize,
     size: usize,
+    n: usize,
     qh: bool,
 }
 
-/// The fields of `dtype`'s block in packed order (they cover the block), if it is packed.
-fn units(dtype: DType) -> Option<Vec<Unit>> {
-    let f16 = |at| Unit {
+const fn f16s(at: usize, n: usize) -> Unit {
+    Unit {
         at,
         size: 2,
+        n,
         qh: false,
-    };
-    let word = |at| Unit {
+    }
+}
+
+const fn words(at: usize, n: usize) -> Unit {
+    Unit {
         at,
         size: 4,
+        n,
         qh: false,
-    };
-    let mut u = Vec::new();
-    // Legacy formats: f16 fields (d; m), the Q5 high-bit word, then the quant words.
-    let mut legacy = |f16s: usize, qh: bool| {
-        u.extend((0..f16s).map(|f| f16(2 * f)));
-        let mut at = 2 * f16s;
-        if qh {
-            u.push(Unit {
-                at,
-                size: 4,
-                qh: true,
-            });
-            at += 4;
-        }
-        u.extend((at..dtype.block_bytes()).step_by(4).map(word));
-    };
-    match dtype {
-        DType::Q4_0 | DType::Q8_0 => legacy(1, false),
-        DType::Q4_1 => legacy(2, false),
-        DType::Q5_0 => legacy(1, true),
-        DType::Q5_1 => legacy(2, true),
-        // d, dmin, the 12 bytes of 6-bit scales and mins, the 128 quant bytes.
-        DType::Q4K => {
-            u.extend([f16(0), f16(2)]);
-            u.extend((4..144).step_by(4).map(word));
-        }
-        _ => return None,
     }
-    Some(u)
+}
+
+const QH: Unit = Unit {
+    qh: true,
+    ..words(0, 1)
+};
+
+/// The fields of `dtype`'s block in packed order (they cover the block), if it is packed:
+/// legacy formats' f16 fields (d; m), the Q5 high-bit word, then the quant words; Q4_K's d,
+/// dmin, the 12 bytes of 6-bit scales and mins, then the 128 quant bytes. (Static: the GEMMs
+/// unpack through this for every tile.)
+fn units(dtype: DType) -> Option<&'static [Unit]> {
+    const Q4_0: &[Unit] = &[f16s(0, 1), words(2, 4)];
+    const Q8_0: &[Unit] = &[f16s(0, 1), words(2, 8)];
+    const Q4_1: &[Unit] = &[f16s(0, 2), words(4, 4)];
+    const Q5_0: &[Unit] = &[f16s(0, 1), Unit { at: 2, ..QH }, words(6, 4)];
+    const Q5_1: &[Unit] = &[f16s(0, 2), Unit { at: 4, ..QH }, words(8, 4)];
+    const Q4_K: &[Unit] = &[f16s(0, 2), words(4, 35)];
+    Some(match dtype {
+        DType::Q4_0 => Q4_0,
+        DType::Q8_0 => Q8_0,
+        DType::Q4_1 => Q4_1,
+        DType::Q5_0 => Q5_0,
+        DType::Q5_1 => Q5_1,
+        DType::Q4K => Q4_K,
+        _ => return None,
+    })
 }
 
 /// Whether [`rows_by_8`] packs `dtype`.
@@ -119,18 +124,20 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
         for b in 0..nb {
             let o = &mut dst[b * GROUP * bb..(b + 1) * GROUP * bb];
             let mut pos = 0;
-            for u in &units {
-                for r in 0..GROUP {
-                    let f = &src[r * rb + b * bb + u.at..][..u.size];
-                    let to = &mut o[pos + u.size * r..][..u.size];
-                    if u.qh {
-                        let w = u32::from_le_bytes(f.try_into().unwrap());
-                        to.copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
-                    } else {
-                        to.copy_from_slice(f);
+            for u in units {
+                for at in (u.at..).step_by(u.size).take(u.n) {
+                    for r in 0..GROUP {
+                        let f = &src[r * rb + b * bb + at..][..u.size];
+                        let to = &mut o[pos + u.size * r..][..u.size];
+                        if u.qh {
+                            let w = u32::from_le_bytes(f.try_into().unwrap());
+                            to.copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
+                        } else {
+                            to.copy_from_slice(f);
+                        }
                     }
+                    pos += GROUP * u.size;
                 }
-                pos += GROUP * u.size;
             }
         }
     };
@@ -198,25 +205,27 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
     for b in 0..nb {
         let (o, blk) = (src[b * GROUP * bb..].as_ptr(), dst[b * bb..].as_mut_ptr());
         let mut pos = 0;
-        for u in &units {
-            for r in 0..GROUP {
-                // SAFETY: the units tile a block (`units`): field `u` of row r lies at
-                // `u.at..u.at + u.size` < bb of the row's block (r·rb + b·bb inside `dst`,
-                // asserted above), and its packed copy at `pos + u.size·r` inside the group's
-                // GROUP·bb bytes of block b of `src`. Unaligned reads and writes.
-                unsafe {
-                    let from = o.add(pos + u.size * r);
-                    let to = blk.add(r * rb + u.at);
-                    if u.size == 2 {
-                        (to as *mut u16).write_unaligned((from as *const u16).read_unaligned());
-                    } else {
-                        let v = (from as *const u32).read_unaligned();
-                        let v = if u.qh { high_bits_from_chunk(v) } else { v };
-                        (to as *mut u32).write_unaligned(v);
+        for u in units {
+            for at in (u.at..).step_by(u.size).take(u.n) {
+                for r in 0..GROUP {
+                    // SAFETY: the units tile a block (`units`): a field of row r lies at
+                    // `at..at + u.size` < bb of the row's block (r·rb + b·bb inside `dst`,
+                    // asserted above), and its packed copy at `pos + u.size·r` inside the
+                    // group's GROUP·bb bytes of block b of `src`. Unaligned reads and writes.
+                    unsafe {
+                        let from = o.add(pos + u.size * r);
+                        let to = blk.add(r * rb + at);
+                        if u.size == 2 {
+                            (to as *mut u16).write_unaligned((from as *const u16).read_unaligned());
+                        } else {
+                            let v = (from as *const u32).read_unaligned();
+                            let v = if u.qh { high_bits_from_chunk(v) } else { v };
+                            (to as *mut u32).write_unaligned(v);
+                        }
                     }
                 }
+                pos += GROUP * u.size;
             }
-            pos += GROUP * u.size;
         }
     }
 }
@@ -278,7 +287,9 @@ mod tests {
         for dtype in PACKED {
             let mut seen = vec![0u8; dtype.block_bytes()];
             for u in units(dtype).unwrap() {
-                seen[u.at..u.at + u.size].iter_mut().for_each(|c| *c += 1);
+                seen[u.at..u.at + u.size * u.n]
+                    .iter_mut()
+                    .for_each(|c| *c += 1);
             }
             assert!(seen.iter().all(|&c| c == 1), "{dtype}");
         }

@@ -171,10 +171,7 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
         let mut acc = [_mm256_setzero_ps(); NX];
         for b in 0..nb {
             let p = base.add(b * gb);
-            // Into L2 ([`prefetch_block`]).
-            for l in 0..gb / 64 {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
+            prefetch_block(p, gb);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
             // ggml's unpacking of the 12 scale bytes, lane r = row r.
