@@ -48,6 +48,8 @@ def configs():
     return {
         "smollm2-ngram": dict(model=SMOL, lone=["--spec-type", "ngram-simple"],
                               llama=["--spec-type", "ngram-simple"]),
+        "smollm2-ngram-cache": dict(model=SMOL, lone=["--spec-type", "ngram-simple,ngram-cache"],
+                                    llama=["--spec-type", "ngram-simple,ngram-cache"]),
         "smollm2-ngram-noramp": dict(model=SMOL, lone=["--spec-type", "ngram-simple", "--spec-ramp", "0"],
                                      llama=None),
         "smollm2-f16-draft-q4_1": dict(model=f16, make_f16=True,

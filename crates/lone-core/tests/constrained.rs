@@ -129,6 +129,7 @@ fn constrained_speculation_still_validates() {
     let params = SpecParams {
         types: SpecTypes {
             ngram_simple: true,
+            ngram_cache: true,
             draft: false,
         },
         ngram_n: 2,

@@ -37,7 +37,7 @@ fn ngram(n: usize, m: usize) -> SpecParams {
     SpecParams {
         types: SpecTypes {
             ngram_simple: true,
-            draft: false,
+            ..Default::default()
         },
         ngram_n: n,
         ngram_m: m,
@@ -48,8 +48,8 @@ fn ngram(n: usize, m: usize) -> SpecParams {
 fn with_draft(draft_max: usize) -> SpecParams {
     SpecParams {
         types: SpecTypes {
-            ngram_simple: false,
             draft: true,
+            ..Default::default()
         },
         draft_max,
         ..Default::default()
@@ -109,18 +109,39 @@ fn greedy_ngram_speculation_equals_plain_decoding_for_every_family() {
         let plain = run(&m, &p, 120, SamplingParams::greedy(), None);
         // (1, 1024) without the ramp: drafts as long as the caches' rollback window (64), so
         // a rejection rolls ring and conv state back to the window's end.
-        for (n, mm, ramp) in [(1, 3, 3), (2, 16, 3), (3, 48, 0), (1, 1024, 0)] {
-            let s = speculator(
-                &m,
-                &t,
-                SpecParams {
-                    ramp,
-                    ..ngram(n, mm)
-                },
-                None,
-            );
+        // ngram-cache alone (short n-grams, up to 8 drafts), and behind a 12-gram ngram-simple
+        // that rarely matches.
+        let cache_only = SpecTypes {
+            ngram_cache: true,
+            ..Default::default()
+        };
+        let both = SpecTypes {
+            ngram_simple: true,
+            ngram_cache: true,
+            draft: false,
+        };
+        for (n, mm, ramp, types) in [
+            (1, 3, 3, None),
+            (2, 16, 3, None),
+            (3, 48, 0, None),
+            (1, 1024, 0, None),
+            (12, 48, 0, Some(cache_only)),
+            (12, 48, 3, Some(both)),
+        ] {
+            let mut sp = SpecParams {
+                ramp,
+                ..ngram(n, mm)
+            };
+            if let Some(types) = types {
+                sp.types = types;
+            }
+            let label = sp.types.name();
+            let s = speculator(&m, &t, sp, None);
             let g = run(&m, &p, 120, SamplingParams::greedy(), Some(s));
-            assert_eq!(g.tokens, plain.tokens, "{name}: n-gram {n}/{mm}");
+            assert_eq!(g.tokens, plain.tokens, "{name}: {label} {n}/{mm}");
+            if types.is_some() {
+                assert!(g.spec.drafted > 0, "{name}: {label} drafted nothing");
+            }
             drafted += g.spec.drafted;
             accepted += g.spec.accepted;
             assert!(g.spec.passes < 120, "{name}: {:?}", g.spec);

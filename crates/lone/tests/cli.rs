@@ -495,6 +495,7 @@ fn stop_strings_and_speculation_on_run() {
             "4",
         ][..],
         &["--spec-type", "ngram-simple,draft", "--model-draft", d][..],
+        &["--spec-type", "ngram-cache"][..],
     ] {
         let g = run_json(&[&base[..], spec].concat());
         assert_eq!(g["generated_ids"], plain["generated_ids"], "{spec:?}");

@@ -177,6 +177,8 @@ pub struct Sequence<'t> {
     spec: SpecStats,
     /// Most drafted tokens to verify next pass (the ramp, [`SpecParams::ramp`]).
     draft_cap: usize,
+    /// n-gram statistics of the history (the ngram-cache proposer).
+    ngrams: spec::NgramStats,
     kept: Vec<f32>,
     constraint: Option<ConstraintState>,
     /// Scratch: a row of logits with the grammar's mask applied.
@@ -436,6 +438,7 @@ impl<'t> Scheduler<'t> {
             order: self.admitted,
             spec: SpecStats::default(),
             draft_cap: 0,
+            ngrams: spec::NgramStats::default(),
             kept: Vec::new(),
             constraint: req_constraint,
             masked: Vec::new(),
@@ -593,8 +596,13 @@ impl<'t> Scheduler<'t> {
         let rows = model.row_invariant_rows();
         let mut ins = Vec::new();
         let mut idx = Vec::new();
-        for (i, (s, c)) in self.slots.iter().zip(self.caches.iter_mut()).enumerate() {
-            let Some(a) = s.as_ref().filter(|a| a.next.is_some()) else {
+        for (i, (s, c)) in self
+            .slots
+            .iter_mut()
+            .zip(self.caches.iter_mut())
+            .enumerate()
+        {
+            let Some(a) = s.as_mut().filter(|a| a.next.is_some()) else {
                 continue;
             };
             let params = a.req.spec.as_ref().unwrap_or(&spec.params);
@@ -615,6 +623,7 @@ impl<'t> Scheduler<'t> {
                 history: &a.history,
                 k_max,
                 cache: c,
+                ngrams: &mut a.ngrams,
             });
             idx.push(i);
         }

@@ -10,6 +10,15 @@
 //!   `m` tokens that followed it are the draft. Its rules are kept exactly: nothing while the
 //!   history holds `n + m + 1` tokens or fewer, position 0 is never a match, and a match
 //!   followed by fewer than `n` tokens drafts nothing.
+//! - **ngram-cache**: llama.cpp's `common_ngram_cache_draft` on its context cache: counts of
+//!   which token followed each 1- to 4-gram of the history; up to 8 tokens are drafted one at
+//!   a time from the longest n-gram whose statistics pass llama.cpp's lax thresholds (at least
+//!   2, 2, 1, 1 samples and 66, 50, 50, 50 % for the top token, n = 1..4), the draft itself
+//!   extending the looked-up n-gram. Unlike llama.cpp, whose context cache only counts the
+//!   n-grams lying wholly inside each step's new tokens (so, in practice, the prompt's),
+//!   lone counts every n-gram of the history as it grows ([`NgramStats`]); ties go to the most
+//!   recent continuation rather than to hash order. Short n-grams match within a few tokens of
+//!   a deviation, where ngram-simple's 12-gram needs 12 tokens of agreement again.
 //! - **draft**: a second model with the same vocabulary drafts greedily, token by token, while
 //!   its top probability is at least `p_min`, up to `n_max` tokens; drafts shorter than
 //!   `n_min` are dropped. Its caches live next to the target's (`SeqCache::draft`) and roll
@@ -30,21 +39,24 @@ use crate::tokenizer::Tokenizer;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecTypes {
     pub ngram_simple: bool,
+    pub ngram_cache: bool,
     pub draft: bool,
 }
 
 impl SpecTypes {
-    /// `none`, `ngram-simple`, `draft` (alias `draft-simple`), comma-separated.
+    /// `none`, `ngram-simple`, `ngram-cache`, `draft` (alias `draft-simple`), comma-separated.
     pub fn parse(s: &str) -> std::result::Result<SpecTypes, String> {
         let mut t = SpecTypes::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "none" => {}
                 "ngram-simple" => t.ngram_simple = true,
+                "ngram-cache" => t.ngram_cache = true,
                 "draft" | "draft-simple" => t.draft = true,
                 other => {
                     return Err(format!(
-                        "unknown speculative type `{other}`: use none, ngram-simple or draft \
+                        "unknown speculative type `{other}`: use none, ngram-simple, ngram-cache \
+                         or draft \
                          (comma-separated to combine)"
                     ))
                 }
@@ -54,15 +66,21 @@ impl SpecTypes {
     }
 
     pub fn any(self) -> bool {
-        self.ngram_simple || self.draft
+        self.ngram_simple || self.ngram_cache || self.draft
     }
 
+    /// The types in the order they are tried, comma-separated (`none` for none).
     pub fn name(self) -> String {
-        match (self.ngram_simple, self.draft) {
-            (false, false) => "none".into(),
-            (true, false) => "ngram-simple".into(),
-            (false, true) => "draft".into(),
-            (true, true) => "ngram-simple,draft".into(),
+        let names = [
+            (self.ngram_simple, "ngram-simple"),
+            (self.ngram_cache, "ngram-cache"),
+            (self.draft, "draft"),
+        ];
+        let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+        if on.is_empty() {
+            "none".into()
+        } else {
+            on.join(",")
         }
     }
 }
@@ -176,16 +194,26 @@ impl Speculator {
     /// one forward pass.
     pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<Vec<u32>>> {
         let mut out: Vec<Vec<u32>> = seqs
-            .iter()
+            .iter_mut()
             .map(|s| {
-                if s.params.types.ngram_simple && s.k_max > 0 {
-                    let (last, prev) = s.history.split_last().expect("history is not empty");
-                    let mut d = ngram_simple(prev, *last, s.params.ngram_n, s.params.ngram_m);
-                    d.truncate(s.k_max);
-                    d
-                } else {
-                    Vec::new()
+                let types = s.params.types;
+                let mut d = Vec::new();
+                if types.ngram_cache {
+                    // Counted every step, drafting or not, so no n-gram is missed.
+                    s.ngrams.update(s.history);
                 }
+                if s.k_max == 0 {
+                    return d;
+                }
+                if types.ngram_simple {
+                    let (last, prev) = s.history.split_last().expect("history is not empty");
+                    d = ngram_simple(prev, *last, s.params.ngram_n, s.params.ngram_m);
+                }
+                if d.is_empty() && types.ngram_cache {
+                    d = s.ngrams.draft(s.history, NGRAM_CACHE_DRAFT.min(s.k_max));
+                }
+                d.truncate(s.k_max);
+                d
             })
             .collect();
         if let Some(dm) = &self.draft {
@@ -265,6 +293,114 @@ pub(crate) struct ProposeIn<'a> {
     pub history: &'a [u32],
     pub k_max: usize,
     pub cache: &'a mut SeqCache,
+    /// The sequence's n-gram statistics (ngram-cache).
+    pub ngrams: &'a mut NgramStats,
+}
+
+/// Most tokens ngram-cache drafts per pass (llama.cpp's fixed `n_draft = 8`).
+pub const NGRAM_CACHE_DRAFT: usize = 8;
+
+/// Longest n-gram ngram-cache counts (llama.cpp's `LLAMA_NGRAM_MAX`).
+const NGRAM_MAX: usize = 4;
+
+/// llama.cpp's lax thresholds for the context cache, for n = 1..=4: the fewest times the
+/// n-gram must have been seen, and the least share (percent) of those its top continuation
+/// must have.
+const NGRAM_MIN_SAMPLES: [u32; NGRAM_MAX] = [2, 2, 1, 1];
+const NGRAM_MIN_PERCENT: [u32; NGRAM_MAX] = [66, 50, 50, 50];
+
+/// What followed each 1- to 4-gram of a sequence's history: per n-gram, each continuation
+/// token with its count and the position it was last seen at.
+#[derive(Debug, Default)]
+pub struct NgramStats {
+    /// Keyed by (n, the n tokens padded with zeros).
+    next: std::collections::HashMap<(u8, [u32; NGRAM_MAX]), Vec<Continuation>>,
+    /// How many tokens of the history have been counted (as continuations).
+    counted: usize,
+    /// The last counted token, to notice a history that is not the one counted.
+    last: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Continuation {
+    token: u32,
+    count: u32,
+    last_pos: u32,
+}
+
+fn ngram_key(toks: &[u32]) -> (u8, [u32; NGRAM_MAX]) {
+    let mut k = [0u32; NGRAM_MAX];
+    k[..toks.len()].copy_from_slice(toks);
+    (toks.len() as u8, k)
+}
+
+impl NgramStats {
+    /// Count the n-grams of `history` not counted yet. A history that does not extend the
+    /// counted one (shorter, or a different token where the last counted one was) is
+    /// counted again from the start.
+    pub fn update(&mut self, history: &[u32]) {
+        let extends = self.counted <= history.len()
+            && (self.counted == 0 || self.last == Some(history[self.counted - 1]));
+        if !extends {
+            *self = NgramStats::default();
+        }
+        for i in self.counted.max(1)..history.len() {
+            for n in 1..=NGRAM_MAX.min(i) {
+                let conts = self.next.entry(ngram_key(&history[i - n..i])).or_default();
+                let tok = history[i];
+                match conts.iter_mut().find(|c| c.token == tok) {
+                    Some(c) => {
+                        c.count += 1;
+                        c.last_pos = i as u32;
+                    }
+                    None => conts.push(Continuation {
+                        token: tok,
+                        count: 1,
+                        last_pos: i as u32,
+                    }),
+                }
+            }
+        }
+        self.counted = history.len();
+        self.last = history.last().copied();
+    }
+
+    /// Up to `n_draft` tokens to follow `history` (which [`NgramStats::update`] has
+    /// counted): each from the longest n-gram ending at the history-plus-draft whose top
+    /// continuation passes the thresholds; stops at the first position none does.
+    pub fn draft(&self, history: &[u32], n_draft: usize) -> Vec<u32> {
+        let mut d: Vec<u32> = Vec::new();
+        // llama.cpp drafts nothing from fewer than 2 tokens (`LLAMA_NGRAM_STATIC`).
+        if history.len() < 2 {
+            return d;
+        }
+        let mut tail: Vec<u32> = Vec::with_capacity(NGRAM_MAX);
+        while d.len() < n_draft {
+            let total = history.len() + d.len();
+            let at = |i: usize| {
+                if i < history.len() {
+                    history[i]
+                } else {
+                    d[i - history.len()]
+                }
+            };
+            let pick = (1..=NGRAM_MAX.min(total)).rev().find_map(|n| {
+                tail.clear();
+                tail.extend((total - n..total).map(at));
+                let conts = self.next.get(&ngram_key(&tail))?;
+                let sum: u32 = conts.iter().map(|c| c.count).sum();
+                let best = conts.iter().max_by_key(|c| (c.count, c.last_pos))?;
+                (sum >= NGRAM_MIN_SAMPLES[n - 1]
+                    && 100 * best.count >= NGRAM_MIN_PERCENT[n - 1] * sum)
+                    .then_some(best.token)
+            });
+            match pick {
+                Some(t) => d.push(t),
+                None => break,
+            }
+        }
+        d
+    }
 }
 
 /// llama.cpp's `common_ngram_simple_draft`: `tokens` is the history before the last sampled
@@ -437,11 +573,58 @@ mod tests {
     }
 
     #[test]
+    fn ngram_cache_follows_llama_cpp_thresholds() {
+        let draft = |h: &[u32], n: usize| {
+            let mut s = NgramStats::default();
+            s.update(h);
+            s.draft(h, n)
+        };
+        // A 4-gram seen once (1 sample is enough for n = 3, 4) drafts what followed it, and
+        // the draft extends the n-gram: 5 6 7 8 | 9 4 then 6 7 8 again.
+        let h = [5, 6, 7, 8, 9, 4, 1, 5, 6, 7];
+        assert_eq!(draft(&h, 8), vec![8, 9, 4, 1, 5, 6, 7, 8]);
+        assert_eq!(draft(&h, 3), vec![8, 9, 4]);
+        // A 1-gram or 2-gram needs 2 samples: `3` seen once followed by 4 drafts nothing.
+        assert!(draft(&[3, 4, 1, 3], 8).is_empty());
+        // ... and twice (2 of 2 = 100 %) drafts; the 2-gram (1, 3) never seen, so n = 1 is used.
+        assert_eq!(draft(&[3, 4, 9, 3, 4, 1, 3], 1), vec![4]);
+        // n = 1 needs 66 %: `3` followed by 4, 5 (50 %) drafts nothing.
+        assert!(draft(&[3, 4, 2, 3, 5, 1, 3], 8).is_empty());
+        // n = 2 needs 50 %: (2, 3) followed by 4 and by 5 drafts; the tie goes to the most recent.
+        assert_eq!(draft(&[2, 3, 4, 2, 3, 5, 1, 2, 3], 1), vec![5]);
+        // Fewer than 2 tokens: nothing.
+        assert!(draft(&[3], 8).is_empty());
+    }
+
+    #[test]
+    fn ngram_stats_count_incrementally() {
+        let h: Vec<u32> = (0..40).map(|i| (i * 7 % 11) as u32).collect();
+        let mut whole = NgramStats::default();
+        whole.update(&h);
+        let mut steps = NgramStats::default();
+        for end in [1, 2, 3, 10, 11, 25, 40] {
+            steps.update(&h[..end]);
+        }
+        for n in [1, 5, 8] {
+            assert_eq!(whole.draft(&h, n), steps.draft(&h, n));
+        }
+        // A different history is counted from scratch.
+        let other: Vec<u32> = h.iter().map(|t| t + 100).collect();
+        steps.update(&other);
+        let mut fresh = NgramStats::default();
+        fresh.update(&other);
+        assert_eq!(steps.draft(&other, 8), fresh.draft(&other, 8));
+        assert_eq!(steps.next.len(), fresh.next.len());
+    }
+
+    #[test]
     fn spec_types_parse() {
         assert_eq!(SpecTypes::parse("none").unwrap(), SpecTypes::default());
         let t = SpecTypes::parse("ngram-simple,draft").unwrap();
-        assert!(t.ngram_simple && t.draft);
+        assert!(t.ngram_simple && t.draft && !t.ngram_cache);
         assert_eq!(t.name(), "ngram-simple,draft");
+        let t = SpecTypes::parse("draft,ngram-cache").unwrap();
+        assert_eq!(t.name(), "ngram-cache,draft");
         assert!(SpecTypes::parse("eagle").is_err());
     }
 }

@@ -549,7 +549,7 @@ fn spec_workloads(
     let spec_name = spec.params.types.name();
     if !out.json {
         out.line(&format!(
-            "{} — speculative workloads ({spec_name}), greedy, up to {} new tokens, {reps}              interleaved round(s), {} threads\n",
+            "{} — speculative workloads ({spec_name}), greedy, up to {} new tokens, {reps} interleaved round(s), {} threads\n",
             info.name, a.workload_max_tokens, info.threads
         ))?;
         out.line(

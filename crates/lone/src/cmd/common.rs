@@ -194,8 +194,9 @@ impl SamplingArgs {
 /// bench.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Speculative decoding: none, ngram-simple (drafts from the text so far), draft (a draft
-    /// model, --model-draft); comma-separated to combine (ngram-simple is tried first).
+    /// Speculative decoding: none, ngram-simple (continues an earlier match of the last 12
+    /// tokens), ngram-cache (statistics of the 1- to 4-grams so far), draft (a draft model,
+    /// --model-draft); comma-separated to combine (tried in that order).
     #[arg(long, default_value = "none", value_name = "TYPES")]
     pub spec_type: String,
     /// Draft model for `--spec-type draft` (a smaller or more quantized model with the same

@@ -750,6 +750,8 @@ mod tests {
             let spec = SpecParams {
                 types: SpecTypes {
                     ngram_simple: true,
+                    // Where ngram-simple (n = 1) finds nothing.
+                    ngram_cache: name == "qwen2",
                     draft: draft.is_some(),
                 },
                 ngram_n: 1,
