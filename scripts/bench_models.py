@@ -17,6 +17,9 @@ Shapes:
                         default vocab of 128000 does not match any tokenizer we have)
   Qwen2.5-0.5B          hidden 896, 24 layers, 14/2 heads, FFN 4864, vocab 151936, tied,
                         rope_theta 1e6 (the published Qwen2.5-0.5B-Instruct config)
+  Llama-350M            LFM2-350M's shape (hidden 1024, 16 layers, 16/8 heads, FFN 4608, vocab
+                        65536, tied, LFM2 tokenizer) with attention in every layer: the
+                        non-hybrid of the same size (speculation's verify passes, hybrid vs not)
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ ASSETS = Path(os.environ.get("LONE_ASSETS", "/work/shared/assets"))
 LFM2 = ASSETS / "lfm2"
 QWEN = ASSETS / "qwen2.5"
 
-MODELS = ["LFM2-350M", "LFM2-1.2B", "LFM3-1.7B", "Qwen2.5-0.5B"]
+MODELS = ["LFM2-350M", "LFM2-1.2B", "LFM3-1.7B", "Qwen2.5-0.5B", "Llama-350M"]
 
 
 def tokenizer_files(name: str) -> list[tuple[Path, str]]:
@@ -60,6 +63,15 @@ def make_config(name: str, tmp: Path):
                            num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                            rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
                            eos_token_id=151645, initializer_range=0.02, use_sliding_window=False,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    if name == "Llama-350M":
+        # LFM2-350M's shape with attention in all 16 layers (no conv): the non-hybrid of the
+        # same size, to compare speculation's verify passes with the hybrid's.
+        from transformers import LlamaConfig
+        return LlamaConfig(vocab_size=65536, hidden_size=1024, intermediate_size=4608, num_hidden_layers=16,
+                           num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128000,
+                           rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=7,
+                           pad_token_id=0, initializer_range=0.02,
                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     raise SystemExit(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
