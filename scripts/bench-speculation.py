@@ -66,7 +66,7 @@ def configs():
             model=BENCH / m / f"{m}-Q8_0.gguf",
             lone=["--model-draft", str(BENCH / m / f"{m}-Q4_0.gguf"), "--draft-max", "3"],
             llama=["-md", str(BENCH / m / f"{m}-Q4_0.gguf"), "--spec-type", "draft-simple",
-                   "--spec-draft-n-max", "3"]) for m in ("LFM2-350M", "Llama-350M")},
+                   "--spec-draft-n-max", "3"]) for m in ("LFM2-350M", "Llama-350M", "LFM2-1.2B")},
         "qwen2.5-0.5b-q4_k_m-ngram": dict(model=BENCH / "Qwen2.5-0.5B/Qwen2.5-0.5B-Q4_K_M.gguf",
                                           lone=["--spec-type", "ngram-simple"],
                                           llama=["--spec-type", "ngram-simple"]),
