@@ -61,10 +61,13 @@ def configs():
                                        llama=["--spec-type", "ngram-simple"]),
         # Random weights: acceptance is whatever a Q4_0 copy's greedy argmax agrees with (the
         # rejections roll back the hybrid's conv state); the hybrid against the non-hybrid of
-        # its size (Llama-350M: LFM2-350M's shape with attention in every layer).
+        # its size (Llama-350M: LFM2-350M's shape with attention in every layer). `--spec-ramp
+        # 0` keeps lone drafting every step (no back-off), as llama-server does: the worst case
+        # of rollback.
         **{f"{m.lower()}-q8_0-draft-q4_0": dict(
             model=BENCH / m / f"{m}-Q8_0.gguf",
-            lone=["--model-draft", str(BENCH / m / f"{m}-Q4_0.gguf"), "--draft-max", "3"],
+            lone=["--model-draft", str(BENCH / m / f"{m}-Q4_0.gguf"), "--draft-max", "3",
+                  "--spec-ramp", "0"],
             llama=["-md", str(BENCH / m / f"{m}-Q4_0.gguf"), "--spec-type", "draft-simple",
                    "--spec-draft-n-max", "3"]) for m in ("LFM2-350M", "Llama-350M", "LFM2-1.2B")},
         "qwen2.5-0.5b-q4_k_m-ngram": dict(model=BENCH / "Qwen2.5-0.5B/Qwen2.5-0.5B-Q4_K_M.gguf",

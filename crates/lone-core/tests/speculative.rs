@@ -192,6 +192,41 @@ fn greedy_draft_model_speculation_equals_plain_decoding() {
     }
 }
 
+/// A draft model whose drafts keep failing (another random model) backs off: far fewer
+/// drafted tokens than with the ramp off, which drafts every step; the tokens stay plain
+/// decoding's either way.
+#[test]
+fn a_failing_draft_model_backs_off() {
+    let (m, t) = load("lfm2_a");
+    let p = prompt_of("lfm2_a");
+    let n = 80;
+    let plain = run(&m, &p, n, SamplingParams::greedy(), None);
+    let go = |ramp| {
+        let s = speculator(
+            &m,
+            &t,
+            SpecParams {
+                ramp,
+                ..with_draft(3)
+            },
+            Some("lfm2_b"),
+        );
+        run(&m, &p, n, SamplingParams::greedy(), Some(s))
+    };
+    let (on, off) = (go(3), go(0));
+    eprintln!("back-off {:?}, none {:?}", on.spec, off.spec);
+    assert_eq!(on.tokens, plain.tokens);
+    assert_eq!(off.tokens, plain.tokens);
+    assert!(off.spec.accepted * 4 < off.spec.drafted, "{:?}", off.spec);
+    assert!(
+        on.spec.drafted * 3 < off.spec.drafted,
+        "{:?} vs {:?}",
+        on.spec,
+        off.spec
+    );
+    assert!(on.spec.drafted > 0);
+}
+
 #[test]
 fn the_draft_model_reads_the_prompt_with_its_target() {
     // A prompt longer than one step's prefill budget: target and draft read it together,

@@ -179,6 +179,12 @@ pub struct Sequence<'t> {
     draft_cap: usize,
     /// n-gram statistics of the history (the ngram-cache proposer).
     ngrams: spec::NgramStats,
+    /// Whether the draft in flight came from the draft model.
+    model_draft: bool,
+    /// Passes in a row in which the draft model's whole draft was rejected.
+    model_misses: u32,
+    /// Steps left without the draft model ([`spec::DRAFT_BACKOFF_MAX`]).
+    model_skip: usize,
     kept: Vec<f32>,
     constraint: Option<ConstraintState>,
     /// Scratch: a row of logits with the grammar's mask applied.
@@ -439,6 +445,9 @@ impl<'t> Scheduler<'t> {
             spec: SpecStats::default(),
             draft_cap: 0,
             ngrams: spec::NgramStats::default(),
+            model_draft: false,
+            model_misses: 0,
+            model_skip: 0,
             kept: Vec::new(),
             constraint: req_constraint,
             masked: Vec::new(),
@@ -618,16 +627,24 @@ impl<'t> Scheduler<'t> {
                 .draft_room(ctx, c.rollback())
                 .min(cap)
                 .min(rows.saturating_sub(1));
+            let use_draft_model = params.ramp == 0 || a.model_skip == 0;
+            a.model_skip = a.model_skip.saturating_sub(1);
             ins.push(spec::ProposeIn {
                 params,
                 history: &a.history,
                 k_max,
                 cache: c,
                 ngrams: &mut a.ngrams,
+                use_draft_model,
             });
             idx.push(i);
         }
-        for (i, d) in idx.into_iter().zip(spec.propose(&mut ins)?) {
+        let proposals = spec.propose(&mut ins)?;
+        drop(ins);
+        for (i, (d, by_model)) in idx.into_iter().zip(proposals) {
+            if let Some(a) = self.slots[i].as_mut() {
+                a.model_draft = by_model;
+            }
             out[i] = d;
         }
         Ok(out)
@@ -726,6 +743,24 @@ impl<'t> Scheduler<'t> {
             } else {
                 took
             };
+            if a.model_draft {
+                // The draft model's back-off: 1, 2, 4 … 32 steps without it after the second
+                // whole rejection in a row, then none for the rest of the sequence (the ramp's
+                // setting decides whether it applies).
+                if took == 0 {
+                    a.model_misses += 1;
+                    if a.model_misses >= 2 {
+                        let skip = 1usize << (a.model_misses - 2).min(16);
+                        a.model_skip = if skip > spec::DRAFT_BACKOFF_MAX {
+                            usize::MAX
+                        } else {
+                            skip
+                        };
+                    }
+                } else {
+                    a.model_misses = 0;
+                }
+            }
         }
         // Keep the rows of the tokens that stay (the pending one and accepted drafts).
         let keep = self.caches[slot].common_prefix(&a.history);

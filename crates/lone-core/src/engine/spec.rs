@@ -107,6 +107,9 @@ pub struct SpecParams {
     /// pass costs more the more rows it has, so a long draft that fails early (text the
     /// proposer cannot predict) costs several decode steps; the ramp keeps that cost small
     /// while copying ramps up to the full `ngram_m` / `draft_max` within a few passes.
+    /// With the ramp on, a draft model whose drafts are rejected whole in passes after
+    /// another also backs off ([`DRAFT_BACKOFF_MAX`]): its steps cost as much as a fraction of
+    /// the target's, so drafts that never pass would make decoding several times slower.
     pub ramp: usize,
 }
 
@@ -145,6 +148,14 @@ impl SpecParams {
         Ok(())
     }
 }
+
+/// The longest back-off of a draft model whose drafts keep failing: after the second pass in
+/// a row in which none of its drafted tokens was accepted the sequence decodes 1 step without
+/// it, then 2, 4, … up to this many, probing it once between (each probe first feeds it the
+/// skipped tokens, a prompt pass); one accepted token resets it. A probe that fails after the
+/// longest back-off (8 whole rejections in a row, ~70 tokens) drops the draft model for the
+/// rest of the sequence: catching it up would keep costing a fifth of the decode time.
+pub const DRAFT_BACKOFF_MAX: usize = 32;
 
 /// The speculation a scheduler can do: default settings and the draft model, if any.
 pub struct Speculator {
@@ -192,7 +203,8 @@ impl Speculator {
     /// ending with the pending token), the most tokens it may take, and its target cache
     /// (whose `draft` cache the draft model uses). Draft-model steps of all sequences share
     /// one forward pass.
-    pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<Vec<u32>>> {
+    /// Each sequence's draft, and whether the draft model made it.
+    pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<(Vec<u32>, bool)>> {
         let mut out: Vec<Vec<u32>> = seqs
             .iter_mut()
             .map(|s| {
@@ -218,16 +230,24 @@ impl Speculator {
             .collect();
         if let Some(dm) = &self.draft {
             let want: Vec<usize> = (0..seqs.len())
-                .filter(|&i| out[i].is_empty() && seqs[i].params.types.draft && seqs[i].k_max > 0)
+                .filter(|&i| {
+                    out[i].is_empty()
+                        && seqs[i].params.types.draft
+                        && seqs[i].use_draft_model
+                        && seqs[i].k_max > 0
+                })
                 .collect();
             if !want.is_empty() {
                 let drafts = draft_model_drafts(dm, seqs, &want)?;
+                let mut by_model = vec![false; out.len()];
                 for (i, d) in want.into_iter().zip(drafts) {
+                    by_model[i] = !d.is_empty();
                     out[i] = d;
                 }
+                return Ok(out.into_iter().zip(by_model).collect());
             }
         }
-        Ok(out)
+        Ok(out.into_iter().map(|d| (d, false)).collect())
     }
 }
 
@@ -295,6 +315,8 @@ pub(crate) struct ProposeIn<'a> {
     pub cache: &'a mut SeqCache,
     /// The sequence's n-gram statistics (ngram-cache).
     pub ngrams: &'a mut NgramStats,
+    /// Whether the draft model may draft this step (not while it is backed off).
+    pub use_draft_model: bool,
 }
 
 /// Most tokens ngram-cache drafts per pass (llama.cpp's fixed `n_draft = 8`).
