@@ -175,16 +175,8 @@ pub struct Sequence<'t> {
     /// Admission order (prefill is first come, first served).
     order: u64,
     spec: SpecStats,
-    /// Most drafted tokens to verify next pass (the ramp, [`SpecParams::ramp`]).
-    draft_cap: usize,
-    /// n-gram statistics of the history (the ngram-cache proposer).
-    ngrams: spec::NgramStats,
-    /// Whether the draft in flight came from the draft model.
-    model_draft: bool,
-    /// Passes in a row in which the draft model's whole draft was rejected.
-    model_misses: u32,
-    /// Steps left without the draft model ([`spec::DRAFT_BACKOFF_MAX`]).
-    model_skip: usize,
+    /// Speculation: the ramp, the n-gram statistics, the draft model's back-off.
+    spec_state: spec::SpecState,
     kept: Vec<f32>,
     constraint: Option<ConstraintState>,
     /// Scratch: a row of logits with the grammar's mask applied.
@@ -443,11 +435,7 @@ impl<'t> Scheduler<'t> {
             decoder,
             order: self.admitted,
             spec: SpecStats::default(),
-            draft_cap: 0,
-            ngrams: spec::NgramStats::default(),
-            model_draft: false,
-            model_misses: 0,
-            model_skip: 0,
+            spec_state: spec::SpecState::default(),
             kept: Vec::new(),
             constraint: req_constraint,
             masked: Vec::new(),
@@ -618,33 +606,20 @@ impl<'t> Scheduler<'t> {
             if !params.types.any() {
                 continue;
             }
-            let cap = if params.ramp == 0 {
-                usize::MAX
-            } else {
-                a.draft_cap.max(params.ramp)
-            };
             let k_max = a
                 .draft_room(ctx, c.rollback())
-                .min(cap)
+                .min(a.spec_state.cap(params))
                 .min(rows.saturating_sub(1));
-            let use_draft_model = params.ramp == 0 || a.model_skip == 0;
-            a.model_skip = a.model_skip.saturating_sub(1);
             ins.push(spec::ProposeIn {
                 params,
                 history: &a.history,
                 k_max,
                 cache: c,
-                ngrams: &mut a.ngrams,
-                use_draft_model,
+                state: &mut a.spec_state,
             });
             idx.push(i);
         }
-        let proposals = spec.propose(&mut ins)?;
-        drop(ins);
-        for (i, (d, by_model)) in idx.into_iter().zip(proposals) {
-            if let Some(a) = self.slots[i].as_mut() {
-                a.model_draft = by_model;
-            }
+        for (i, d) in idx.into_iter().zip(spec.propose(&mut ins)?) {
             out[i] = d;
         }
         Ok(out)
@@ -736,31 +711,7 @@ impl<'t> Scheduler<'t> {
         }
         st.generated += a.generated - before;
         if !drafts.is_empty() {
-            // The ramp: 4× the rows after a fully accepted draft (4, 16, 64 rows: the sizes
-            // the matrix kernels run best), else restart from what was taken.
-            a.draft_cap = if took == drafts.len() {
-                (drafts.len() + 1).saturating_mul(4) - 1
-            } else {
-                took
-            };
-            if a.model_draft {
-                // The draft model's back-off: 1, 2, 4 … 32 steps without it after the second
-                // whole rejection in a row, then none for the rest of the sequence (the ramp's
-                // setting decides whether it applies).
-                if took == 0 {
-                    a.model_misses += 1;
-                    if a.model_misses >= 2 {
-                        let skip = 1usize << (a.model_misses - 2).min(16);
-                        a.model_skip = if skip > spec::DRAFT_BACKOFF_MAX {
-                            usize::MAX
-                        } else {
-                            skip
-                        };
-                    }
-                } else {
-                    a.model_misses = 0;
-                }
-            }
+            a.spec_state.after_pass(drafts.len(), took);
         }
         // Keep the rows of the tokens that stay (the pending one and accepted drafts).
         let keep = self.caches[slot].common_prefix(&a.history);

@@ -203,16 +203,17 @@ impl Speculator {
     /// ending with the pending token), the most tokens it may take, and its target cache
     /// (whose `draft` cache the draft model uses). Draft-model steps of all sequences share
     /// one forward pass.
-    /// Each sequence's draft, and whether the draft model made it.
-    pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<(Vec<u32>, bool)>> {
+    /// Each sequence's draft (its state notes which proposer made it).
+    pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<Vec<u32>>> {
         let mut out: Vec<Vec<u32>> = seqs
             .iter_mut()
             .map(|s| {
                 let types = s.params.types;
                 let mut d = Vec::new();
+                s.state.model_draft = false;
                 if types.ngram_cache {
                     // Counted every step, drafting or not, so no n-gram is missed.
-                    s.ngrams.update(s.history);
+                    s.state.ngrams.update(s.history);
                 }
                 if s.k_max == 0 {
                     return d;
@@ -222,7 +223,10 @@ impl Speculator {
                     d = ngram_simple(prev, *last, s.params.ngram_n, s.params.ngram_m);
                 }
                 if d.is_empty() && types.ngram_cache {
-                    d = s.ngrams.draft(s.history, NGRAM_CACHE_DRAFT.min(s.k_max));
+                    d = s
+                        .state
+                        .ngrams
+                        .draft(s.history, NGRAM_CACHE_DRAFT.min(s.k_max));
                 }
                 d.truncate(s.k_max);
                 d
@@ -231,23 +235,22 @@ impl Speculator {
         if let Some(dm) = &self.draft {
             let want: Vec<usize> = (0..seqs.len())
                 .filter(|&i| {
+                    let s = &mut seqs[i];
                     out[i].is_empty()
-                        && seqs[i].params.types.draft
-                        && seqs[i].use_draft_model
-                        && seqs[i].k_max > 0
+                        && s.params.types.draft
+                        && s.k_max > 0
+                        && s.state.model_turn(s.params)
                 })
                 .collect();
             if !want.is_empty() {
                 let drafts = draft_model_drafts(dm, seqs, &want)?;
-                let mut by_model = vec![false; out.len()];
                 for (i, d) in want.into_iter().zip(drafts) {
-                    by_model[i] = !d.is_empty();
+                    seqs[i].state.model_draft = !d.is_empty();
                     out[i] = d;
                 }
-                return Ok(out.into_iter().zip(by_model).collect());
             }
         }
-        Ok(out.into_iter().map(|d| (d, false)).collect())
+        Ok(out)
     }
 }
 
@@ -313,10 +316,70 @@ pub(crate) struct ProposeIn<'a> {
     pub history: &'a [u32],
     pub k_max: usize,
     pub cache: &'a mut SeqCache,
-    /// The sequence's n-gram statistics (ngram-cache).
-    pub ngrams: &'a mut NgramStats,
-    /// Whether the draft model may draft this step (not while it is backed off).
-    pub use_draft_model: bool,
+    /// The sequence's speculation state (n-gram statistics, the draft model's back-off).
+    pub state: &'a mut SpecState,
+}
+
+/// A sequence's speculation state, step to step: the ramp's cap, the n-gram statistics of
+/// its history, and the draft model's back-off.
+#[derive(Debug, Default)]
+pub struct SpecState {
+    /// The ramp: most drafted tokens to verify next pass ([`SpecParams::ramp`]).
+    cap: usize,
+    ngrams: NgramStats,
+    /// Whether the draft in flight came from the draft model.
+    model_draft: bool,
+    /// Passes in a row in which the draft model's whole draft was rejected.
+    model_misses: u32,
+    /// Steps left without the draft model ([`DRAFT_BACKOFF_MAX`]).
+    model_skip: usize,
+}
+
+impl SpecState {
+    /// Most drafted tokens the ramp lets this sequence verify next pass.
+    pub(crate) fn cap(&self, params: &SpecParams) -> usize {
+        if params.ramp == 0 {
+            usize::MAX
+        } else {
+            self.cap.max(params.ramp)
+        }
+    }
+
+    /// Whether the draft model may draft this step (not while backed off); counts the step.
+    fn model_turn(&mut self, params: &SpecParams) -> bool {
+        let turn = params.ramp == 0 || self.model_skip == 0;
+        self.model_skip = self.model_skip.saturating_sub(1);
+        turn
+    }
+
+    /// After a verify pass that accepted `took` of `drafted` tokens: the ramp grows 4× the
+    /// rows after a fully accepted draft (4, 16, 64 rows: the sizes the matrix kernels run
+    /// best), else restarts from what was taken; a draft model whose whole draft was
+    /// rejected twice in a row backs off for 1, 2, 4 … 32 steps, then for the rest of the
+    /// sequence.
+    pub(crate) fn after_pass(&mut self, drafted: usize, took: usize) {
+        self.cap = if took == drafted {
+            (drafted + 1).saturating_mul(4) - 1
+        } else {
+            took
+        };
+        if !self.model_draft {
+            return;
+        }
+        if took > 0 {
+            self.model_misses = 0;
+            return;
+        }
+        self.model_misses += 1;
+        if self.model_misses >= 2 {
+            let skip = 1usize << (self.model_misses - 2).min(16);
+            self.model_skip = if skip > DRAFT_BACKOFF_MAX {
+                usize::MAX
+            } else {
+                skip
+            };
+        }
+    }
 }
 
 /// Most tokens ngram-cache drafts per pass (llama.cpp's fixed `n_draft = 8`).
