@@ -223,8 +223,8 @@ pub struct SpecArgs {
     #[arg(long, default_value_t = 48)]
     pub spec_ngram_simple_size_m: usize,
     /// lone's draft ramp: verify at most this many drafted tokens at first, 4× the rows after
-    /// each fully accepted draft, back to this after a rejection (0 = always all; llama.cpp
-    /// has no ramp).
+    /// each fully accepted draft, back to this after a rejection; a draft model whose whole
+    /// drafts keep failing backs off (0 = always all, no back-off; llama.cpp has neither).
     #[arg(long, default_value_t = 3)]
     pub spec_ramp: usize,
 }
