@@ -107,9 +107,9 @@ pub struct SpecParams {
     /// pass costs more the more rows it has, so a long draft that fails early (text the
     /// proposer cannot predict) costs several decode steps; the ramp keeps that cost small
     /// while copying ramps up to the full `ngram_m` / `draft_max` within a few passes.
-    /// With the ramp on, a draft model whose drafts are rejected whole in passes after
-    /// another also backs off ([`DRAFT_BACKOFF_MAX`]): its steps cost as much as a fraction of
-    /// the target's, so drafts that never pass would make decoding several times slower.
+    /// With the ramp on, a draft model whose whole draft is rejected in two passes in a row
+    /// also backs off ([`DRAFT_BACKOFF_MAX`]): each of its steps costs a fraction of a target
+    /// step, so drafts that never pass would make decoding several times slower.
     pub ramp: usize,
 }
 
@@ -200,10 +200,9 @@ impl Speculator {
     }
 
     /// Drafts for several sequences. `seqs[i]`: its settings, its history (prompt + generated,
-    /// ending with the pending token), the most tokens it may take, and its target cache
-    /// (whose `draft` cache the draft model uses). Draft-model steps of all sequences share
-    /// one forward pass.
-    /// Each sequence's draft (its state notes which proposer made it).
+    /// ending with the pending token), the most tokens it may take, its target cache (whose
+    /// `draft` cache the draft model uses) and its speculation state (which notes whether the
+    /// draft model made the draft). Draft-model steps of all sequences share one forward pass.
     pub(crate) fn propose(&self, seqs: &mut [ProposeIn<'_>]) -> Result<Vec<Vec<u32>>> {
         let mut out: Vec<Vec<u32>> = seqs
             .iter_mut()
@@ -430,9 +429,9 @@ impl NgramStats {
             *self = NgramStats::default();
         }
         for i in self.counted.max(1)..history.len() {
+            let tok = history[i];
             for n in 1..=NGRAM_MAX.min(i) {
                 let conts = self.next.entry(ngram_key(&history[i - n..i])).or_default();
-                let tok = history[i];
                 match conts.iter_mut().find(|c| c.token == tok) {
                     Some(c) => {
                         c.count += 1;
