@@ -100,3 +100,77 @@ fn fast_mode_stays_close_to_exact_mode() {
     }
     assert_eq!(checked, 7);
 }
+
+/// Greedy decode of `steps` tokens after `prompt`, one decode row per step: each step's
+/// logits (the prompt's last row first).
+fn decode_logits(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache();
+    let mut out = vec![
+        model
+            .forward(
+                &Batch::for_sequence(0, 0, prompt, false),
+                std::slice::from_mut(&mut cache),
+            )
+            .unwrap()
+            .logits,
+    ];
+    for j in 0..steps {
+        let last = out.last().unwrap();
+        let next = (0..last.len()).fold(0, |b, i| if last[i] > last[b] { i } else { b });
+        let mut b = Batch::default();
+        b.push(0, prompt.len() + j, next as u32, true);
+        out.push(
+            model
+                .forward(&b, std::slice::from_mut(&mut cache))
+                .unwrap()
+                .logits,
+        );
+    }
+    out
+}
+
+/// In the default mode on x86 an F16 or BF16 head is read at decode through a Q8_0 copy of
+/// itself (`Model::decode_head`): every step's top logits are the head's own (exact mode's up
+/// to f32 summation order) and the greedy tokens are exact mode's, while the logits below
+/// the top 32 are the copy's — off exact mode's by about a Q8_0 rounding, far more than
+/// summation order, so the copy is what decode read. Prompt rows stay exact. Without 8-bit
+/// kernels (scalar) the default is exact mode throughout.
+#[test]
+fn an_f16_head_decodes_through_its_8bit_copy() {
+    let x86 = kernels::isa().is_x86();
+    for (name, kind) in [("lfm2_a", "f16"), ("qwen2", "bf16"), ("llama", "f16")] {
+        let dir = fixtures().join(name);
+        let mut model = Model::load(&dir.join(format!("model-{kind}.gguf"))).unwrap();
+        let prompt = ids(&dir.join("prompt_ids.json"));
+        model.compute.mode = Some(kernels::Mode::Exact);
+        let exact = decode_logits(&model, &prompt, 6);
+        model.compute.mode = Some(kernels::Mode::Auto);
+        let auto = decode_logits(&model, &prompt, 6);
+        for (s, (e, a)) in exact.iter().zip(&auto).enumerate() {
+            let what = format!("{name} {kind} step {s}");
+            let mut order: Vec<usize> = (0..e.len()).collect();
+            order.sort_by(|&i, &j| e[j].total_cmp(&e[i]));
+            let range = e[order[0]] - e[order[e.len() - 1]];
+            // The top 8 (inside the copy's top 32): the head's own values.
+            for &i in &order[..8] {
+                assert!((a[i] - e[i]).abs() <= 1e-5 * range, "{what}: top logit {i}");
+            }
+            assert_eq!(
+                order[0],
+                (0..a.len()).fold(0, |b, i| if a[i] > a[b] { i } else { b })
+            );
+            let below = order[64..]
+                .iter()
+                .fold(0f32, |m, &i| m.max((a[i] - e[i]).abs()));
+            if s == 0 || !x86 {
+                // The prompt's row (exact in the default mode), or no 8-bit kernels.
+                assert!(below <= 1e-5 * range, "{what}: {below} of {range}");
+            } else {
+                assert!(
+                    below > 1e-4 * range && below < 0.05 * range,
+                    "{what}: logits below the top moved by {below} of {range}"
+                );
+            }
+        }
+    }
+}

@@ -419,28 +419,41 @@ fn verify_passes_keep_the_one_row_numerics_of_8bit_decode() {
 
 /// A verify pass's rows on an 8-bit head (here 8 rows of one sequence: a Q8_0 head takes fast
 /// mode's 8-bit GEMM for them in the default mode with `LONE_ISA=avx2`, and its packed
-/// matrix-vector kernel on the VNNI levels) give each row the top logit that
-/// decoding the same tokens one by one gives, bit for bit, and the same argmax: the top of
-/// each row is the exact head's, rescored, whatever kernel produced the rest.
+/// matrix-vector kernel on the VNNI levels; an F16/BF16 head its Q8_0 copy) give each row the
+/// top logit that decoding the same tokens one by one gives, bit for bit, and the same
+/// argmax: the top of each row is the exact head's, rescored, whatever kernel produced the
+/// rest.
 #[test]
 fn a_verify_pass_has_the_one_row_top_logits_on_an_8bit_head() {
-    let m = Model::load(&fixture("lfm2_a").join("model-q8_0.gguf")).unwrap();
-    let p = ids("lfm2_a", "prompt_ids.json");
-    let next: Vec<u32> = ids("lfm2_a", "greedy.json").into_iter().take(8).collect();
-    let v = m.cfg.vocab_size;
-    let top = |l: &[f32]| {
-        let (i, x) =
-            l.iter().enumerate().fold(
-                (0, f32::NEG_INFINITY),
-                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+    for file in ["model-q8_0.gguf", "model-f16.gguf", "model-bf16.gguf"] {
+        let m = Model::load(&fixture("lfm2_a").join(file)).unwrap();
+        let p = ids("lfm2_a", "prompt_ids.json");
+        let next: Vec<u32> = ids("lfm2_a", "greedy.json").into_iter().take(8).collect();
+        let v = m.cfg.vocab_size;
+        let top = |l: &[f32]| {
+            let (i, x) =
+                l.iter().enumerate().fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &x)| {
+                        if x > b.1 {
+                            (i, x)
+                        } else {
+                            b
+                        }
+                    },
+                );
+            (i, x.to_bits())
+        };
+        let (want, got) = one_by_one_and_verify(&m, &p, &next);
+        let want: Vec<_> = want.chunks_exact(v).map(top).collect();
+        assert_eq!(top(&got[..v]), want[0], "{file}: the single row");
+        for (j, w) in want.iter().enumerate() {
+            assert_eq!(
+                top(&got[(j + 1) * v..(j + 2) * v]),
+                *w,
+                "{file}: verify row {j}"
             );
-        (i, x.to_bits())
-    };
-    let (want, got) = one_by_one_and_verify(&m, &p, &next);
-    let want: Vec<_> = want.chunks_exact(v).map(top).collect();
-    assert_eq!(top(&got[..v]), want[0], "the single row");
-    for (j, w) in want.iter().enumerate() {
-        assert_eq!(top(&got[(j + 1) * v..(j + 2) * v]), *w, "verify row {j}");
+        }
     }
 }
 

@@ -219,6 +219,61 @@ pub(crate) fn fast_rows_packed(dtype: DType) -> bool {
     active().table[dtype_index(dtype)][Mode::Fast as usize].packed
 }
 
+/// `w` (float rows of a length that is a multiple of 32) rounded to Q8_0 by ggml's quantizer,
+/// laid out as fast mode's matrix-vector kernel for Q8_0 reads it on this CPU: rows by 8 on
+/// the VNNI levels, kept only in that layout ([`Tensor::prepacked`]), as stored on AVX2. An
+/// 8-bit copy of a weight that only those kernels multiply (`Model`'s decode head), made
+/// 256 rows per task so that no stored copy of the whole is ever held.
+///
+/// Panics if `w`'s rows are not whole Q8_0 blocks.
+pub(crate) fn q8_0_copy_for_fast_rows(w: &Tensor) -> Tensor {
+    const CHUNK: usize = 256;
+    let (rows, k) = (w.n_rows(), w.row_len());
+    let rb = DType::Q8_0
+        .bytes_for(k)
+        .expect("q8_0_copy_for_fast_rows: rows of whole Q8_0 blocks");
+    let pack = fast_rows_packed(DType::Q8_0);
+    // The bit-exact row dequantizer of the f32 GEMM (F16/BF16: a SIMD conversion).
+    let deq = active().table[dtype_index(w.dtype)][Mode::Exact as usize]
+        .gemm
+        .and_then(|g| g.deq);
+    let mut out = vec![0u8; rows * rb];
+    let op = SendPtr(out.as_mut_ptr());
+    parallel_for(rows.div_ceil(CHUNK), 1, &|range| {
+        let op = &op;
+        let mut f = vec![0f32; CHUNK * k];
+        let mut q = vec![0u8; CHUNK * rb];
+        for c in range {
+            let (r0, n) = (c * CHUNK, CHUNK.min(rows - c * CHUNK));
+            for (j, fr) in f.chunks_exact_mut(k).take(n).enumerate() {
+                match deq {
+                    // SAFETY: row r0 + j of `w` holds k values of its format (whole blocks:
+                    // the table's dequantizer for it), `fr` k f32; the kernel table holds
+                    // only functions of the running CPU's family.
+                    Some(d) => unsafe { d(w.row(r0 + j).as_ptr(), fr.as_mut_ptr(), k) },
+                    None => w.row_to_f32(r0 + j, fr),
+                }
+            }
+            // SAFETY: rows r0..r0 + n of `out` (n·rb bytes from r0·rb, inside its rows·rb)
+            // belong to this task alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.0.add(r0 * rb), n * rb) };
+            if pack {
+                // Chunks start at multiples of 8 rows: the groups are the whole tensor's.
+                quantize_rows(DType::Q8_0, &f[..n * k], k, rb, rb, &mut q[..n * rb]);
+                packed::rows_by_8_into(DType::Q8_0, k, &q[..n * rb], dst);
+            } else {
+                quantize_rows(DType::Q8_0, &f[..n * k], k, rb, rb, dst);
+            }
+        }
+    });
+    let t = Tensor::from_bytes(DType::Q8_0, vec![rows, k], out);
+    if pack {
+        t.prepacked()
+    } else {
+        t
+    }
+}
+
 /// Most threads this thread's parallel regions use.
 pub(super) fn threads_here() -> Option<usize> {
     HERE.with(|c| c.get()).threads

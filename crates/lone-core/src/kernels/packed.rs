@@ -110,15 +110,26 @@ fn high_bits_from_chunk(h: u32) -> u32 {
 ///
 /// Panics if `t` is not a format [`packs`] takes, with whole blocks per row.
 pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
-    let units = units(t.dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
-    let bb = t.dtype.block_bytes();
-    let k = t.row_len();
-    let nb = k / t.dtype.block_size();
+    let mut out = vec![0u8; t.data().len()];
+    rows_by_8_into(t.dtype, t.row_len(), t.data(), &mut out);
+    out
+}
+
+/// [`rows_by_8`] of the stored rows `data` (`dtype`, `k` elements each) into `out` (as long).
+///
+/// Panics if `dtype` is not a format [`packs`] takes, or `data` is not whole rows of whole
+/// blocks, or `out` is not as long.
+pub(crate) fn rows_by_8_into(dtype: DType, k: usize, data: &[u8], out: &mut [u8]) {
+    let units = units(dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
+    let bb = dtype.block_bytes();
+    let nb = k / dtype.block_size();
     let rb = nb * bb;
-    let data = t.data();
-    assert_eq!(data.len(), t.n_rows() * rb, "rows_by_8: whole blocks");
-    let whole = t.n_rows() / GROUP * GROUP * rb;
-    let mut out = vec![0u8; data.len()];
+    assert!(
+        nb * dtype.block_size() == k && rb > 0 && data.len().is_multiple_of(rb),
+        "rows_by_8: whole blocks"
+    );
+    assert_eq!(out.len(), data.len(), "rows_by_8: output length");
+    let whole = data.len() / rb / GROUP * GROUP * rb;
     out[whole..].copy_from_slice(&data[whole..]);
     let pack_group = |(src, dst): (&[u8], &mut [u8])| {
         for b in 0..nb {
@@ -127,13 +138,15 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
             for u in units {
                 for at in (u.at..).step_by(u.size).take(u.n) {
                     for r in 0..GROUP {
-                        let f = &src[r * rb + b * bb + at..][..u.size];
-                        let to = &mut o[pos + u.size * r..][..u.size];
-                        if u.qh {
-                            let w = u32::from_le_bytes(f.try_into().unwrap());
-                            to.copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
+                        let (f, to) = (r * rb + b * bb + at, pos + u.size * r);
+                        // Fixed-length moves (a copy of `u.size` bytes would call memcpy).
+                        if u.size == 2 {
+                            o[to..to + 2].copy_from_slice(&src[f..f + 2]);
+                        } else if u.qh {
+                            let w = u32::from_le_bytes(src[f..f + 4].try_into().unwrap());
+                            o[to..to + 4].copy_from_slice(&high_bits_by_chunk(w).to_le_bytes());
                         } else {
-                            to.copy_from_slice(f);
+                            o[to..to + 4].copy_from_slice(&src[f..f + 4]);
                         }
                     }
                     pos += GROUP * u.size;
@@ -154,7 +167,6 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
             pack_group((&data[g * GROUP * rb..(g + 1) * GROUP * rb], o));
         }
     });
-    out
 }
 
 /// Rows `r0..r0 + rows` of `t` in its stored layout, from the rows-by-8 copy `packed`

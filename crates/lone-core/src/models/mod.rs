@@ -17,6 +17,7 @@ use crate::loader::gguf::GgufFile;
 use crate::loader::safetensors::SafetensorsFiles;
 use crate::loader::{WeightFiles, Weights};
 use crate::nn::{Embedding, Linear, RmsNorm, Row};
+use crate::tensor::DType;
 
 /// Rows to run through the model: each is (sequence, position, token). Rows of one sequence
 /// must be in position order and continue that sequence's cache.
@@ -99,6 +100,10 @@ pub struct Model {
     pub kv_type: KvType,
     /// Numeric mode and threads of this model's forward passes.
     pub compute: crate::kernels::Compute,
+    /// An F16/BF16 head's Q8_0 copy for decode in [`crate::kernels::Mode::Auto`] (see
+    /// [`Model::decode_head`]), built on first use, with the address of the head's bytes it
+    /// was made from (a head swapped since is not read through it).
+    head_8bit: std::sync::OnceLock<(usize, Linear)>,
 }
 
 impl Model {
@@ -165,6 +170,7 @@ impl Model {
             weights: ws,
             kv_type: KvType::F32,
             compute: Default::default(),
+            head_8bit: Default::default(),
         })
     }
 
@@ -345,7 +351,8 @@ impl Model {
         // sampled distribution) is the exact head's whatever the 8-bit kernel.
         // (Only decode passes run in Auto here. A finite limit means the head is on 8-bit
         // kernels.)
-        let lim = crate::kernels::row_invariant_rows(self.lm_head.w.dtype);
+        let head = self.decode_head();
+        let lim = crate::kernels::row_invariant_rows(head.w.dtype);
         let rescore = crate::kernels::mode() == crate::kernels::Mode::Auto
             && !crate::kernels::exact()
             && lim != usize::MAX;
@@ -358,16 +365,16 @@ impl Model {
         // the GEMM, 19 ms without; 8 rows 14.5 -> 11.3 ms).
         let verify = if rescore
             && crate::kernels::decode_rows()
-            && !crate::kernels::fast_rows_packed(self.lm_head.w.dtype)
+            && !crate::kernels::fast_rows_packed(head.w.dtype)
         {
             verify_groups(&owners)
         } else {
             Vec::new()
         };
         if verify.is_empty() {
-            out.logits = self.lm_head.forward(&xs, sel.len());
+            out.logits = head.forward(&xs, sel.len());
         } else {
-            out.logits = self.head_by_groups(&xs, &owners, &verify);
+            out.logits = self.head_by_groups(head, &xs, &owners, &verify);
         }
         drop(_head);
         if rescore {
@@ -443,8 +450,14 @@ impl Model {
     /// matrix-vector kernels as in any decode pass. What a sequence gets depends on its own
     /// rows alone, so a sequence's logits stay the same alone or beside others
     /// (`tests/batch_invariance.rs`); the rows' top logits are rescored exactly after.
-    fn head_by_groups(&self, xs: &[f32], owners: &[usize], verify: &[usize]) -> Vec<f32> {
-        let (h, v) = (self.cfg.hidden_size, self.lm_head.out_dim);
+    fn head_by_groups(
+        &self,
+        head: &Linear,
+        xs: &[f32],
+        owners: &[usize],
+        verify: &[usize],
+    ) -> Vec<f32> {
+        let (h, v) = (self.cfg.hidden_size, head.out_dim);
         let mut logits = vec![0f32; owners.len() * v];
         let fast = crate::kernels::Compute {
             mode: Some(crate::kernels::Mode::Fast),
@@ -466,12 +479,61 @@ impl Model {
                 x.extend_from_slice(&xs[i * h..(i + 1) * h]);
             }
             let _fast = g.is_some().then(|| fast.enter(false));
-            let l = self.lm_head.forward(&x, rows.len());
+            let l = head.forward(&x, rows.len());
             for (j, &i) in rows.iter().enumerate() {
                 logits[i * v..(i + 1) * v].copy_from_slice(&l[j * v..(j + 1) * v]);
             }
         }
         logits
+    }
+}
+
+impl Model {
+    /// The head a pass's logit rows are multiplied by: the model's own, or in a decode pass
+    /// of [`crate::kernels::Mode::Auto`] on 8-bit kernels (x86) an F16/BF16 head's Q8_0 copy.
+    /// Decode reads the whole head once per token (a fifth of LFM2-350M F16's bytes, over a
+    /// quarter of Qwen2.5-0.5B's), and the copy is 53 % of those bytes on the 8-bit kernels
+    /// every quantized head takes in this mode; `forward` then rescores each row's top
+    /// [`RESCORE_TOP`] logits with the model's own head, so the token picked (and the top of a
+    /// sampled distribution) is the F16/BF16 head's. The copy is built on the first decode
+    /// pass and kept beside the head (the embedding rows still come from the head's tensor).
+    fn decode_head(&self) -> &Linear {
+        let head = &self.lm_head;
+        if !(self.head_copy_in(crate::kernels::mode()) && crate::kernels::decode_rows()) {
+            return head;
+        }
+        let at = head.w.data().as_ptr() as usize;
+        let (from, copy) = self.head_8bit.get_or_init(|| {
+            let w = crate::kernels::q8_0_copy_for_fast_rows(&head.w);
+            let copy = Linear {
+                b: head.b.clone(),
+                ..Linear::from_tensor(w)
+            };
+            (at, copy)
+        });
+        if *from == at {
+            copy
+        } else {
+            head
+        }
+    }
+
+    /// Whether decode passes in `mode` read the head through its Q8_0 copy
+    /// ([`Model::decode_head`]): an F16/BF16 head of whole Q8_0 blocks, `Auto` on x86.
+    fn head_copy_in(&self, mode: crate::kernels::Mode) -> bool {
+        matches!(self.lm_head.w.dtype, DType::F16 | DType::BF16)
+            && mode == crate::kernels::Mode::Auto
+            && crate::kernels::isa().is_x86()
+            && self.lm_head.in_dim.is_multiple_of(DType::Q8_0.block_size())
+    }
+
+    /// The bytes of the head's Q8_0 copy when this model's decode reads the head through it
+    /// (in its [`crate::kernels::Compute`] mode): what a decoded token reads of the head then.
+    pub fn decode_head_copy_bytes(&self) -> Option<u64> {
+        self.head_copy_in(self.compute.mode()).then(|| {
+            let rb = DType::Q8_0.bytes_for(self.lm_head.in_dim).unwrap_or(0);
+            (rb * self.lm_head.out_dim) as u64
+        })
     }
 }
 

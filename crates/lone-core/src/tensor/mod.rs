@@ -29,6 +29,8 @@ pub struct Tensor {
     /// The same values in a layout a kernel prefers (`kernels::packed`), built on first use
     /// and shared by clones (a tied embedding and LM head).
     packed: Arc<OnceLock<Vec<u8>>>,
+    /// `bytes` are already that layout ([`Tensor::prepacked`]).
+    prepacked: bool,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -57,6 +59,7 @@ impl Tensor {
                 file: false,
             },
             packed: Arc::default(),
+            prepacked: false,
         }
     }
 
@@ -75,6 +78,19 @@ impl Tensor {
             shape,
             bytes: Bytes::Owned(Arc::new(bytes)),
             packed: Arc::default(),
+            prepacked: false,
+        }
+    }
+
+    /// This tensor with its bytes declared to be the kernels' packed layout
+    /// (`kernels::packed`), not the stored one: a copy made for the kernels (an F16 head's
+    /// 8-bit copy) whose stored form nothing reads. [`Tensor::data`] is then the packed
+    /// bytes, which [`Tensor::packed`] and [`Tensor::packed_if_built`] hand to the kernels
+    /// (those that read stored rows rebuild them from it), so the values are in memory once.
+    pub(crate) fn prepacked(self) -> Tensor {
+        Tensor {
+            prepacked: true,
+            ..self
         }
     }
 
@@ -99,6 +115,9 @@ impl Tensor {
     /// then read only that copy ([`Tensor::packed_if_built`]), so a file-mapped original's
     /// pages are handed back: the weights stay in memory once, not twice.
     pub(crate) fn packed(&self, pack: impl FnOnce(&Tensor) -> Vec<u8>) -> &[u8] {
+        if self.prepacked {
+            return self.data();
+        }
         self.packed.get_or_init(|| {
             let p = pack(self);
             self.release_pages();
@@ -108,6 +127,9 @@ impl Tensor {
 
     /// The packed copy, if [`Tensor::packed`] built it.
     pub(crate) fn packed_if_built(&self) -> Option<&[u8]> {
+        if self.prepacked {
+            return Some(self.data());
+        }
         self.packed.get().map(Vec::as_slice)
     }
 

@@ -185,7 +185,8 @@ pub fn tensor_table(model: &Model) -> Vec<TensorRow> {
 
 /// Sizes and labels from the weight files: every tensor's stored bytes and element count;
 /// bytes read per decoded token = all tensors except the embedding table (one row is looked
-/// up) plus the matrix the lm_head matmul reads (the embedding when tied).
+/// up) plus the matrix the lm_head matmul reads (the embedding when tied; an F16/BF16
+/// head's Q8_0 copy where decode reads that).
 pub fn model_info(model: &Model, path: &Path) -> Info {
     let tensors: Vec<(String, u64, u64, String)> = tensor_table(model)
         .into_iter()
@@ -218,6 +219,8 @@ pub fn model_info(model: &Model, path: &Path) -> Info {
     } else {
         embed
     };
+    // An F16/BF16 head is read at decode through its Q8_0 copy in the default mode on x86.
+    let head_used = model.decode_head_copy_bytes().unwrap_or(head_used);
     let bytes_per_token = size_bytes - embed - head + head_used;
     // Without a file type: the format holding the most bytes.
     let quant = quant_meta.unwrap_or_else(|| {
