@@ -351,11 +351,15 @@ impl Model {
         // sampled distribution) is the exact head's whatever the 8-bit kernel.
         // (Only decode passes run in Auto here. A finite limit means the head is on 8-bit
         // kernels.)
-        let head = self.decode_head();
+        // An F16/BF16 head is multiplied through its 8-bit copy (`decode_head`) and rescored
+        // the same way.
+        let head = self.decode_head(batch.score_all);
+        let copy = !std::ptr::eq(head, &self.lm_head);
         let lim = crate::kernels::row_invariant_rows(head.w.dtype);
-        let rescore = crate::kernels::mode() == crate::kernels::Mode::Auto
-            && !crate::kernels::exact()
-            && lim != usize::MAX;
+        let rescore = copy
+            || (crate::kernels::mode() == crate::kernels::Mode::Auto
+                && !crate::kernels::exact()
+                && lim != usize::MAX);
         let _head =
             (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
         let owners: Vec<usize> = sel.iter().map(|&i| batch.rows[i].seq).collect();
@@ -489,17 +493,24 @@ impl Model {
 }
 
 impl Model {
-    /// The head a pass's logit rows are multiplied by: the model's own, or in a decode pass
-    /// of [`crate::kernels::Mode::Auto`] on 8-bit kernels (x86) an F16/BF16 head's Q8_0 copy.
-    /// Decode reads the whole head once per token (a fifth of LFM2-350M F16's bytes, over a
-    /// quarter of Qwen2.5-0.5B's), and the copy is 53 % of those bytes on the 8-bit kernels
-    /// every quantized head takes in this mode; `forward` then rescores each row's top
-    /// [`RESCORE_TOP`] logits with the model's own head, so the token picked (and the top of a
-    /// sampled distribution) is the F16/BF16 head's. The copy is built on the first decode
-    /// pass and kept beside the head (the embedding rows still come from the head's tensor).
-    fn decode_head(&self) -> &Linear {
+    /// The head a pass's logit rows are multiplied by: the model's own, or on x86 an
+    /// F16/BF16 head's Q8_0 copy — in a decode pass of [`crate::kernels::Mode::Auto`], and in
+    /// fast mode for any pass that does not score every row (perplexity wants each row's
+    /// logit of its next token, not the top). Decode reads the whole head once per token (a
+    /// fifth of LFM2-350M F16's bytes, over a quarter of Qwen2.5-0.5B's), and the copy is
+    /// 53 % of those bytes on the 8-bit kernels every quantized head takes in these modes;
+    /// `forward` then rescores each row's top [`RESCORE_TOP`] logits with the model's own
+    /// head, so the token picked (and the top of a sampled distribution) is the F16/BF16
+    /// head's. The copy is built on first use and kept beside the head (the embedding rows
+    /// still come from the head's tensor).
+    fn decode_head(&self, score_all: bool) -> &Linear {
         let head = &self.lm_head;
-        if !(self.head_copy_in(crate::kernels::mode()) && crate::kernels::decode_rows()) {
+        let mode = crate::kernels::mode();
+        let here = match mode {
+            crate::kernels::Mode::Fast => !score_all,
+            _ => crate::kernels::decode_rows(),
+        };
+        if !(here && self.head_copy_in(mode)) {
             return head;
         }
         let at = head.w.data().as_ptr() as usize;
@@ -519,10 +530,11 @@ impl Model {
     }
 
     /// Whether decode passes in `mode` read the head through its Q8_0 copy
-    /// ([`Model::decode_head`]): an F16/BF16 head of whole Q8_0 blocks, `Auto` on x86.
+    /// ([`Model::decode_head`]): an F16/BF16 head of whole Q8_0 blocks, `Auto` or `Fast` on
+    /// x86.
     fn head_copy_in(&self, mode: crate::kernels::Mode) -> bool {
         matches!(self.lm_head.w.dtype, DType::F16 | DType::BF16)
-            && mode == crate::kernels::Mode::Auto
+            && mode != crate::kernels::Mode::Exact
             && crate::kernels::isa().is_x86()
             && self.lm_head.in_dim.is_multiple_of(DType::Q8_0.block_size())
     }
