@@ -14,6 +14,9 @@ for isa in $isas; do
   LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
     --test smollm2 --test sharded --test batch_invariance --test packed_memory --test speculative 2>&1
 done
+# The aarch64 suite under qemu: the kernels and the parity tests on the ARMv8.0, dotprod and
+# i8mm CPU classes, 1 and 2 threads.
+scripts/test-aarch64.sh
 # The web chat page's browser test needs Chromium and playwright-core: install them, and make
 # their absence a failure rather than a skip.
 scripts/install-browser.sh

@@ -12,6 +12,7 @@ pub(super) const GEMM_MIN_ROWS: usize = 16;
 pub(crate) const IGEMM_MIN_ROWS: usize = 6;
 
 /// The same for fast mode's bf16 GEMM (no unpacking at all; 16 rows per pass).
+#[cfg(target_arch = "x86_64")]
 pub(super) const BGEMM_MIN_ROWS: usize = 8;
 
 thread_local! {
@@ -110,10 +111,12 @@ pub(super) fn for_each_chunk(
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Path {
     /// Fast mode, BF16 weights.
+    #[cfg(target_arch = "x86_64")]
     Bgemm,
     /// The f32 GEMM with activation blocks of this many rows.
     Gemm(usize),
     /// Fast mode's 8-bit GEMM.
+    #[cfg(target_arch = "x86_64")]
     Igemm,
     Rows,
 }
@@ -166,6 +169,7 @@ pub(super) fn pack_for_decode(jobs: &[Job]) {
 
 /// [`with_stored_rows`], or, when `skip`, `f` with a null pointer (the caller reads the
 /// packed copy itself).
+#[cfg(target_arch = "x86_64")]
 pub(super) fn with_stored_rows_unless<R>(
     w: &Tensor,
     range: std::ops::Range<usize>,

@@ -9,14 +9,15 @@ pub enum Mode {
     Fast = 0,
     /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
     Exact = 1,
-    /// The default: on x86 (AVX2, AVX-512), prompt processing (many rows: the f32 GEMM) is
-    /// exact and the matrix-vector products of quantized weights with 8-bit kernels (decode:
-    /// fewer than 16 rows; Q4_0-Q8_0 and Q4_K-Q6_K, see `auto_8bit`) take them.
+    /// The default: on the SIMD families (x86 AVX2 and above, aarch64 NEON and above),
+    /// prompt processing is exact (on x86 through the f32 GEMM) and the matrix-vector
+    /// products of quantized weights with 8-bit kernels (decode; Q4_0-Q8_0 and Q4_K-Q6_K, see
+    /// `auto_8bit`) take them.
     /// `Model::forward` then
     /// recomputes each row's top output logits exactly, so the token picked is the exact
     /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
-    /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. Elsewhere (scalar,
-    /// NEON) `Exact`. [`Mode::resolved`] says what it means on this CPU.
+    /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. On the scalar
+    /// kernels `Exact`. [`Mode::resolved`] says what it means on this CPU.
     Auto = 2,
 }
 
@@ -29,10 +30,11 @@ impl Mode {
         }
     }
 
-    /// The mode's name with the detected kernel family: `auto` is `exact` off x86.
+    /// The mode's name with the detected kernel family: `auto` is `exact` on the scalar
+    /// kernels (which have no 8-bit ones).
     pub fn resolved(self) -> &'static str {
         match (self, isa()) {
-            (Mode::Auto, i) if i.is_x86() => "auto",
+            (Mode::Auto, i) if i.has_8bit() => "auto",
             (Mode::Auto, _) => "exact",
             (m, _) => m.name(),
         }
@@ -132,7 +134,7 @@ pub fn exact() -> bool {
     match mode() {
         Mode::Exact => true,
         Mode::Fast => false,
-        Mode::Auto => !isa().is_x86(),
+        Mode::Auto => !isa().has_8bit(),
     }
 }
 

@@ -220,11 +220,19 @@ pub fn set_threads(n: usize) -> bool {
     true
 }
 
-/// The global pool, created on first use with `set_threads`' value or the number of CPUs.
+/// The global pool, created on first use with `set_threads`' value, else `LONE_THREADS` (a
+/// positive number), else the number of CPUs.
 pub fn global() -> &'static Pool {
     POOL.get_or_init(|| {
+        let from_env = || {
+            std::env::var("LONE_THREADS")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+        };
         let n = match THREADS.load(Ordering::SeqCst) {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => from_env()
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             n => n,
         };
         Pool::new(n)

@@ -5,7 +5,7 @@ use super::*;
 // ------------------------------------------------------------------ instruction sets
 
 /// A kernel family. [`isa`] is the best one the CPU supports (or `LONE_ISA=scalar|avx2|
-/// avxvnni|avx512|neon` when set and supported); tests and benchmarks can request any available one
+/// avxvnni|avx512|neon|dotprod` when set and supported); tests and benchmarks can request any available one
 /// through [`matmul_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -19,12 +19,23 @@ pub enum Isa {
     /// x86-64 AVX-512 F/BW/VL + VNNI (plus AVX2/FMA/F16C): 512-bit float kernels, 256-bit
     /// VNNI integer kernels.
     Avx512,
-    /// aarch64 NEON (float weights; other formats use the scalar kernels for now).
+    /// aarch64 NEON, the ARMv8.0 baseline (Raspberry Pi 4): every format, 8-bit products
+    /// by widening multiplies.
     Neon,
+    /// aarch64 NEON + dotprod (ARMv8.2+: Raspberry Pi 5, Apple M1 and later, Graviton 2+):
+    /// NEON's kernels, with `sdot` for the 8-bit ones.
+    NeonDot,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon];
+    pub const ALL: [Isa; 6] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512,
+        Isa::Neon,
+        Isa::NeonDot,
+    ];
 
     /// Whether this CPU can run the family.
     pub fn is_available(self) -> bool {
@@ -48,6 +59,8 @@ impl Isa {
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => std::arch::is_aarch64_feature_detected!("dotprod"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -56,6 +69,17 @@ impl Isa {
     /// An x86-64 family (AVX2 or above).
     pub fn is_x86(self) -> bool {
         matches!(self, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+    }
+
+    /// An aarch64 family (NEON or above).
+    pub fn is_arm(self) -> bool {
+        matches!(self, Isa::Neon | Isa::NeonDot)
+    }
+
+    /// Whether the family has 8-bit matrix-vector kernels (integer dot products with 8-bit
+    /// activation blocks), which [`Mode::Auto`]'s decode rows take: every SIMD family.
+    pub fn has_8bit(self) -> bool {
+        self != Isa::Scalar
     }
 
     /// Every family this CPU can run, slowest first.
@@ -70,6 +94,7 @@ impl Isa {
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
+            Isa::NeonDot => "dotprod",
         }
     }
 }
@@ -106,6 +131,9 @@ pub(crate) type MatFn = unsafe fn(&MatArgs);
 /// x[t, i]` for `r < rows`, `t < n`, `i < k` (strides in elements). The activations are
 /// packed in blocks of `tb` rows (the kernel's [`Gemm::tb`]): block `b` holds `x[b·tb + j, i]`
 /// at `x[(b·tb + i)·k... ]`, precisely `x[b·tb·k + i·tb + j]`, zero past row `n`.
+// The aarch64 family has no f32 GEMM tile kernel yet (its rows all take the matrix-vector
+// kernels), so nothing reads these there.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct GemmArgs {
     pub w: *const f32,
     pub w_stride: usize,
@@ -160,6 +188,8 @@ pub(super) enum Act {
 }
 
 #[derive(Clone, Copy)]
+// `igemm`, `bgemm` and `isa` are read by x86's many-row GEMMs only.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Kernel {
     pub(super) f: MatFn,
     pub(super) act: Act,
@@ -185,6 +215,8 @@ pub(super) struct Format {
     pub(super) act: Option<DType>,
     #[cfg(target_arch = "x86_64")]
     pub(super) x86: X86Kernels,
+    #[cfg(target_arch = "aarch64")]
+    pub(super) arm: neon::ArmKernels,
 }
 
 /// A format's x86 kernels; pairs are [AVX2, AVX-512].
@@ -221,8 +253,27 @@ macro_rules! all3 {
     };
 }
 
+/// A format's aarch64 kernels: the exact one, and the 8-bit ones of both levels when the
+/// format has an 8-bit activation format.
+#[cfg(target_arch = "aarch64")]
+macro_rules! arm {
+    ($name:ident) => {
+        neon::ArmKernels {
+            exact: neon::ex::$name,
+            fast: None,
+        }
+    };
+    ($name:ident, 8bit) => {
+        neon::ArmKernels {
+            exact: neon::ex::$name,
+            fast: Some([neon::neon::$name, neon::dot::$name]),
+        }
+    };
+}
+
 macro_rules! weight_format {
-    ($dtype:ident, $act:expr, exact: $exact:ident, deq: $deq:expr, fac: $fac:expr, fast: $fast:expr) => {
+    ($dtype:ident, $act:expr, exact: $exact:ident, deq: $deq:expr, fac: $fac:expr, fast: $fast:expr,
+     arm: $($arm:tt)*) => {
         Format {
             dtype: DType::$dtype,
             act: $act,
@@ -233,36 +284,51 @@ macro_rules! weight_format {
                 fac: $fac,
                 fast: $fast,
             },
+            #[cfg(target_arch = "aarch64")]
+            arm: arm!($($arm)*),
         }
     };
 }
 
 /// Every weight format lone multiplies (Q8_1 and Q8_K are activation formats only).
 pub(super) const FORMATS: &[Format] = &[
-    weight_format!(F32, None, exact: f32, deq: None, fac: None, fast: None),
-    weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None),
-    weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None),
+    weight_format!(F32, None, exact: f32, deq: None, fac: None, fast: None,
+        arm: f32),
+    weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None,
+        arm: f16),
+    weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None,
+        arm: bf16),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
-        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true))),
+        fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true)),
+        arm: q4_0, 8bit),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
-        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true))),
+        fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true)),
+        arm: q4_1, 8bit),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
-        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true))),
+        fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true)),
+        arm: q5_0, 8bit),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
-        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true))),
+        fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true)),
+        arm: q5_1, 8bit),
     // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
-            (x86::q8_0::avx512, true)])),
-    weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None),
-    weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None),
+            (x86::q8_0::avx512, true)]),
+        arm: q8_0, 8bit),
+    weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
+        arm: q2_k),
+    weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
+        arm: q3_k),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
-        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true))),
+        fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true)),
+        arm: q4_k, 8bit),
     weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
-        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k, packed: false))),
+        fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k, packed: false)),
+        arm: q5_k, 8bit),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
-        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false))),
+        fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
+        arm: q6_k, 8bit),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -327,15 +393,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             k
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::kernel(dtype).map_or(scalar, |f| Kernel {
-            f,
-            act: Act::F32,
-            gemm: None,
-            igemm: false,
-            bgemm: false,
-            packed: false,
-            isa,
-        }),
+        Isa::Neon | Isa::NeonDot => arm_kernel(isa, dtype, fast_act).unwrap_or(scalar),
         #[allow(unreachable_patterns)]
         _ => scalar,
     }
@@ -409,6 +467,27 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
     }
 }
 
+/// An aarch64 level's kernel for `dtype`: the 8-bit one where `fast_act` names the
+/// activation format, else the exact one. No many-row GEMM yet: every row count takes the
+/// matrix-vector kernel.
+#[cfg(target_arch = "aarch64")]
+pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
+    let k = &format_of(dtype)?.arm;
+    let (f, act) = match (fast_act, k.fast) {
+        (Some(ad), Some(fast)) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
+        _ => (k.exact, Act::F32),
+    };
+    Some(Kernel {
+        f,
+        act,
+        gemm: None,
+        igemm: false,
+        bgemm: false,
+        packed: false,
+        isa,
+    })
+}
+
 /// The detected family's kernels, [fast, exact] per format, built once.
 pub(super) struct Active {
     pub(super) isa: Isa,
@@ -418,12 +497,12 @@ pub(super) struct Active {
 }
 
 /// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
-/// of `isa`: x86, every format with 8-bit kernels. The 4/5-bit legacy formats take the
+/// of `isa`: every SIMD family ([`Isa::has_8bit`]), every format with 8-bit kernels. The 4/5-bit legacy formats take the
 /// rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones are not
 /// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
 /// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
 pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
-    isa.is_x86() && act_format(dtype).is_some()
+    isa.has_8bit() && act_format(dtype).is_some()
 }
 
 /// The most rows a speculative verify pass of one sequence takes for `dtype` in this thread's

@@ -531,11 +531,11 @@ impl Model {
 
     /// Whether decode passes in `mode` read the head through its Q8_0 copy
     /// ([`Model::decode_head`]): an F16/BF16 head of whole Q8_0 blocks, `Auto` or `Fast` on
-    /// x86.
+    /// a family with 8-bit kernels.
     fn head_copy_in(&self, mode: crate::kernels::Mode) -> bool {
         matches!(self.lm_head.w.dtype, DType::F16 | DType::BF16)
             && mode != crate::kernels::Mode::Exact
-            && crate::kernels::isa().is_x86()
+            && crate::kernels::isa().has_8bit()
             && self.lm_head.in_dim.is_multiple_of(DType::Q8_0.block_size())
     }
 

@@ -25,7 +25,7 @@ mod weighted;
 /// The per-block reference dequantizers, for the SIMD kernels to inline (exact mode).
 pub(crate) mod reference_blocks {
     pub(crate) use super::kquants::{
-        dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k,
+        dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k, scale_min_k4,
     };
 }
 

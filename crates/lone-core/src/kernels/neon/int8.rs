@@ -1,0 +1,243 @@
+//! 8-bit kernels (fast mode): integer dot products of the weight codes with 8-bit activation
+//! blocks — Q8_1 for the 32-element formats, Q8_K for the K-quants, as llama.cpp pairs them.
+//! The result is the dot product of the dequantized weights with the dequantized
+//! activations (integer sums are exact; the scales are applied in f32).
+
+use super::*;
+use crate::kernels::matmul::Q8_1_SIDE;
+use crate::quant::reference_blocks::scale_min_k4;
+
+/// Sixteen signed 8-bit products summed into four 32-bit lanes.
+pub(in crate::kernels) trait Dot {
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+}
+
+/// ARMv8.0: widening multiplies (`smull`, `smull2`), pairwise accumulate (`sadalp`). Every
+/// product of a weight code and an activation (|q| ≤ 128, |x| ≤ 127) fits an i16.
+pub(in crate::kernels) struct Smull;
+/// ARMv8.2 dotprod: `sdot`, four products per lane.
+pub(in crate::kernels) struct Sdot;
+
+impl Dot for Smull {
+    #[inline(always)]
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+        let hi = vmull_high_s8(a, b);
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
+}
+
+impl Dot for Sdot {
+    #[inline(always)]
+    unsafe fn dot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // SAFETY: register-only; the callers run inside `#[target_feature(enable =
+        // "dotprod")]` functions, dispatched only where the CPU has it.
+        unsafe {
+            asm!(
+                "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+                acc = inout(vreg) acc,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+}
+
+/// Bytes of a Q8_1 activation block (f16 d, f16 s, 32 codes).
+const Q8_1_BB: usize = 36;
+
+/// 32-element weights × Q8_1 activation rows (each row: its blocks, then per block
+/// [`Q8_1_SIDE`] bytes: d·Σq and d as f32). With codes `c`, scale `d`, offset `m`:
+/// `Σ w·x = d·dx·Σ c·q + m·(dx·Σq)`.
+#[inline(always)]
+unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 32;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let sides: [*const f32; NX] = core::array::from_fn(|t| xs[t].add(nb * Q8_1_BB) as *const f32);
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [vdupq_n_f32(0.0); NX];
+        let mut accm = [0f32; NX];
+        for b in 0..nb {
+            let (q, d, m) = W::decode(w.add(b * W::BB));
+            for t in 0..NX {
+                let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
+                let side = sides[t].add(b * Q8_1_SIDE / 4);
+                let p = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb));
+                let p = D::dot(p, q[1], vld1q_s8(xb.add(16)));
+                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(p), d * side.add(1).read_unaligned());
+                if W::MIN {
+                    accm[t] += m * side.read_unaligned();
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = vaddvq_f32(acc[t]) + accm[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn legacy_8bit<D: Dot, W: LegacyW>(a: &MatArgs) {
+    by_nx!(a, legacy_8bit_n, D, W)
+}
+
+/// Bytes of a Q8_K activation block: f32 d, 256 codes, 16 i16 sums of 16 codes.
+const Q8K_BB: usize = 292;
+
+/// The Q8_K block `b` of an activation row: (d, codes, sums of 16).
+#[inline(always)]
+unsafe fn q8k(x: *const u8, b: usize) -> (f32, *const i8, *const i16) {
+    let p = x.add(b * Q8K_BB);
+    (
+        (p as *const f32).read_unaligned(),
+        p.add(4) as *const i8,
+        p.add(260) as *const i16,
+    )
+}
+
+/// Q4_K (`FIVE` false) / Q5_K weights × Q8_K activation rows: per 32-element sub-block `j`,
+/// scale `sc_j` and min `m_j` (6 bits each): `Σ w·x = d·dx·Σ_j sc_j·Σ q·x - dmin·dx·Σ_j
+/// m_j·Σx`, the sums of `x` from the block's sums of 16.
+#[inline(always)]
+unsafe fn q45k_8bit_n<D: Dot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let bb = if FIVE { 176 } else { 144 };
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        for b in 0..nb {
+            let wb = w.add(b * bb);
+            let (d, dmin) = (f16_at(wb), f16_at(wb.add(2)));
+            let scales = core::slice::from_raw_parts(wb.add(4), 12);
+            let sm: [(u8, u8); 8] = core::array::from_fn(|j| scale_min_k4(j, scales));
+            let qs = wb.add(if FIVE { 48 } else { 16 });
+            let qh = [vld1q_u8(wb.add(16)), vld1q_u8(wb.add(32))];
+            let mut isum = [vdupq_n_s32(0); NX];
+            for p in 0..4 {
+                // Sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles) of bytes 32p..32p+32.
+                let lo = [vld1q_u8(qs.add(32 * p)), vld1q_u8(qs.add(32 * p + 16))];
+                let mut sub: [[uint8x16_t; 2]; 2] = [
+                    lo.map(|v| vandq_u8(v, vdupq_n_u8(0x0f))),
+                    lo.map(|v| vshrq_n_u8::<4>(v)),
+                ];
+                if FIVE {
+                    for (s, half) in sub.iter_mut().enumerate() {
+                        let bit = vdupq_n_u8(1 << (2 * p + s));
+                        for h in 0..2 {
+                            let hb = vandq_u8(vtstq_u8(qh[h], bit), vdupq_n_u8(0x10));
+                            half[h] = vorrq_u8(half[h], hb);
+                        }
+                    }
+                }
+                for t in 0..NX {
+                    let (_, xq, _) = q8k(xs[t], b);
+                    for s in 0..2 {
+                        let x = xq.add(64 * p + 32 * s);
+                        let v = D::dot(vdupq_n_s32(0), vreinterpretq_s8_u8(sub[s][0]), vld1q_s8(x));
+                        let v = D::dot(v, vreinterpretq_s8_u8(sub[s][1]), vld1q_s8(x.add(16)));
+                        isum[t] = vmlaq_n_s32(isum[t], v, i32::from(sm[2 * p + s].0));
+                    }
+                }
+            }
+            for t in 0..NX {
+                let (dx, _, bs) = q8k(xs[t], b);
+                let mut mins = 0i32;
+                for j in 0..8 {
+                    let sx = i32::from(bs.add(2 * j).read_unaligned())
+                        + i32::from(bs.add(2 * j + 1).read_unaligned());
+                    mins += i32::from(sm[j].1) * sx;
+                }
+                acc[t] += d * dx * vaddvq_s32(isum[t]) as f32 - dmin * dx * mins as f32;
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = acc[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q45k_8bit<D: Dot, const FIVE: bool>(a: &MatArgs) {
+    match a.nx {
+        1 => q45k_8bit_n::<D, FIVE, 1>(a),
+        2 => q45k_8bit_n::<D, FIVE, 2>(a),
+        3 => q45k_8bit_n::<D, FIVE, 3>(a),
+        _ => q45k_8bit_n::<D, FIVE, 4>(a),
+    }
+}
+
+/// Q6_K weights × Q8_K activation rows: codes `q` (6 bits, 0..64) with 16 signed scales of
+/// 16 elements: `Σ w·x = d·dx·(Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·Σx)`.
+#[inline(always)]
+unsafe fn q6k_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        for b in 0..nb {
+            let wb = w.add(b * 210);
+            let (ql, qh) = (wb, wb.add(128));
+            let sc: [i32; 16] = core::array::from_fn(|g| i32::from(*wb.add(192 + g) as i8));
+            let d = f16_at(wb.add(208));
+            let mut isum = [vdupq_n_s32(0); NX];
+            for half in 0..2 {
+                let hi = [
+                    vld1q_u8(qh.add(32 * half)),
+                    vld1q_u8(qh.add(32 * half + 16)),
+                ];
+                for pair in 0..2 {
+                    let lo = [
+                        vld1q_u8(ql.add(64 * half + 32 * pair)),
+                        vld1q_u8(ql.add(64 * half + 32 * pair + 16)),
+                    ];
+                    // Chunks r = pair (low nibbles) and r = pair + 2 (high nibbles).
+                    for nib in 0..2 {
+                        let r4 = pair + 2 * nib;
+                        let c = 4 * half + r4;
+                        let q: [int8x16_t; 2] = core::array::from_fn(|h| {
+                            let l = if nib == 0 {
+                                vandq_u8(lo[h], vdupq_n_u8(0x0f))
+                            } else {
+                                vshrq_n_u8::<4>(lo[h])
+                            };
+                            let hb = vandq_u8(
+                                vshlq_u8(hi[h], vdupq_n_s8(4 - 2 * r4 as i8)),
+                                vdupq_n_u8(0x30),
+                            );
+                            vreinterpretq_s8_u8(vorrq_u8(l, hb))
+                        });
+                        for t in 0..NX {
+                            let (_, xq, _) = q8k(xs[t], b);
+                            let x = xq.add(32 * c);
+                            let v0 = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(x));
+                            let v1 = D::dot(vdupq_n_s32(0), q[1], vld1q_s8(x.add(16)));
+                            isum[t] = vmlaq_n_s32(isum[t], v0, sc[2 * c]);
+                            isum[t] = vmlaq_n_s32(isum[t], v1, sc[2 * c + 1]);
+                        }
+                    }
+                }
+            }
+            for t in 0..NX {
+                let (dx, _, bs) = q8k(xs[t], b);
+                let mut offs = 0i32;
+                for g in 0..16 {
+                    offs += sc[g] * i32::from(bs.add(g).read_unaligned());
+                }
+                acc[t] += d * dx * (vaddvq_s32(isum[t]) - 32 * offs) as f32;
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = acc[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q6k_8bit<D: Dot>(a: &MatArgs) {
+    by_nx!(a, q6k_8bit_n, D)
+}

@@ -1,0 +1,167 @@
+//! aarch64 kernels, two levels: NEON (the ARMv8.0 baseline: Raspberry Pi 4, every 64-bit ARM
+//! core) and NEON + dotprod (`sdot`, ARMv8.2+: Raspberry Pi 5, Apple M1 and later, Snapdragon,
+//! Graviton 2+).
+//!
+//! Every format has
+//! - an **exact** matrix-vector kernel (f32 activations): float formats widened in registers
+//!   (`fcvtl` for F16, a shift for BF16), the 32-element formats decoded to bytes in NEON and
+//!   scaled exactly as the reference dequantizer does (`q·d`, or `q·d + m` as a separate
+//!   multiply and add), the K-quants through the reference block dequantizer into a stack
+//!   buffer; all FMA'd with up to 4 activation rows per weight load (`exact`, `float`);
+//! - for the formats llama.cpp pairs with 8-bit activations, an **8-bit** matrix-vector kernel
+//!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
+//!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod.
+//!
+//! The bodies are `#[inline(always)]` generics instantiated in the entry points below (the
+//! dotprod ones inside `#[target_feature(enable = "dotprod")]`). `sdot` is emitted with
+//! `asm!` (its intrinsic is not yet stable Rust), as is `fcvtl` (its f16 vector type is not).
+//!
+//! All functions here are `unsafe`: they read through the raw pointers of a [`MatArgs`], whose
+//! validity the caller (`kernels::matmul_with`) establishes, and the dotprod ones must only
+//! run on a CPU that has it (the dispatcher checks with `is_aarch64_feature_detected!`).
+
+#![allow(clippy::needless_range_loop)]
+
+use core::arch::aarch64::*;
+use core::arch::asm;
+
+use super::{MatArgs, MatFn};
+
+/// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
+macro_rules! by_nx {
+    ($a:expr, $f:ident $(, $g:ty)*) => {
+        match $a.nx {
+            1 => $f::<$($g,)* 1>($a),
+            2 => $f::<$($g,)* 2>($a),
+            3 => $f::<$($g,)* 3>($a),
+            _ => $f::<$($g,)* 4>($a),
+        }
+    };
+}
+
+mod exact;
+mod float;
+mod int8;
+
+use exact::*;
+use float::*;
+use int8::*;
+
+/// One format's aarch64 kernels (its entry in `table::FORMATS`).
+pub(in crate::kernels) struct ArmKernels {
+    /// The exact matrix-vector kernel (f32 activations), both levels.
+    pub(in crate::kernels) exact: MatFn,
+    /// The 8-bit matrix-vector kernels (activations in the format's 8-bit blocks):
+    /// [NEON, NEON + dotprod].
+    pub(in crate::kernels) fast: Option<[MatFn; 2]>,
+}
+
+/// IEEE half bits → f32 (`fcvt`, part of the ARMv8.0 floating point baseline).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn f16_to_f32(h: u16) -> f32 {
+    let r: f32;
+    // SAFETY: register-only conversion; `fmov` puts the bits in the low half of the vector
+    // register, `fcvt` reads them as a half.
+    unsafe {
+        asm!(
+            "fmov {t:s}, {h:w}",
+            "fcvt {r:s}, {t:h}",
+            h = in(reg) u32::from(h),
+            t = out(vreg) _,
+            r = out(vreg) r,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    r
+}
+
+/// The little-endian f16 at `p` (unaligned) as f32.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn f16_at(p: *const u8) -> f32 {
+    f16_to_f32((p as *const u16).read_unaligned())
+}
+
+/// Four IEEE halves → four f32 (`fcvtl`).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
+    let r: float32x4_t;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!(
+            "fcvtl {r:v}.4s, {h:v}.4h",
+            h = in(vreg) h,
+            r = out(vreg) r,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    r
+}
+
+// ------------------------------------------------------------------ entry points
+
+macro_rules! entry {
+    ($name:ident, $body:expr) => {
+        pub(in crate::kernels) unsafe fn $name(a: &MatArgs) {
+            $body(a)
+        }
+    };
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(in crate::kernels) unsafe fn $name(a: &MatArgs) {
+            $body(a)
+        }
+    };
+}
+
+/// The exact kernels (both levels: NEON is the aarch64 baseline).
+pub(in crate::kernels) mod ex {
+    use super::*;
+    entry!(f32, float_rows::<WF32>);
+    entry!(f16, float_rows::<WF16>);
+    entry!(bf16, float_rows::<WBF16>);
+    entry!(q4_0, legacy_exact::<WQ4_0>);
+    entry!(q4_1, legacy_exact::<WQ4_1>);
+    entry!(q5_0, legacy_exact::<WQ5_0>);
+    entry!(q5_1, legacy_exact::<WQ5_1>);
+    entry!(q8_0, legacy_exact::<WQ8_0>);
+    entry!(q2_k, |a| k_exact::<84>(
+        a,
+        crate::quant::reference_blocks::dequant_q2_k
+    ));
+    entry!(q3_k, |a| k_exact::<110>(
+        a,
+        crate::quant::reference_blocks::dequant_q3_k
+    ));
+    entry!(q4_k, |a| k_exact::<144>(
+        a,
+        crate::quant::reference_blocks::dequant_q4_k
+    ));
+    entry!(q5_k, |a| k_exact::<176>(
+        a,
+        crate::quant::reference_blocks::dequant_q5_k
+    ));
+    entry!(q6_k, |a| k_exact::<210>(
+        a,
+        crate::quant::reference_blocks::dequant_q6_k
+    ));
+}
+
+/// The 8-bit kernels of one level, over the dot product `$D`.
+macro_rules! fast_level {
+    ($m:ident, $D:ty $(, $features:literal)?) => {
+        pub(in crate::kernels) mod $m {
+            use super::*;
+            entry!(q4_0 $(, $features)?, legacy_8bit::<$D, WQ4_0>);
+            entry!(q4_1 $(, $features)?, legacy_8bit::<$D, WQ4_1>);
+            entry!(q5_0 $(, $features)?, legacy_8bit::<$D, WQ5_0>);
+            entry!(q5_1 $(, $features)?, legacy_8bit::<$D, WQ5_1>);
+            entry!(q8_0 $(, $features)?, legacy_8bit::<$D, WQ8_0>);
+            entry!(q4_k $(, $features)?, q45k_8bit::<$D, false>);
+            entry!(q5_k $(, $features)?, q45k_8bit::<$D, true>);
+            entry!(q6_k $(, $features)?, q6k_8bit::<$D>);
+        }
+    };
+}
+
+fast_level!(neon, Smull);
+fast_level!(dot, Sdot, "dotprod");

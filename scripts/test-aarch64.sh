@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The aarch64 test suite under qemu-user: cross-builds lone-core's tests for
+# aarch64-unknown-linux-gnu and runs the library tests (kernels against the scalar reference,
+# the thread pool, the vector ops) and the parity tests (the f32 path against transformers'
+# fixtures) on three CPU classes, with 1 and 2 threads:
+#   cortex-a72  ARMv8.0 NEON                 (Raspberry Pi 4)
+#   cortex-a76  ARMv8.2 + dotprod + fp16     (Raspberry Pi 5, Apple M1, Snapdragon 8 Gen 1)
+#   max         + i8mm, bf16, SVE            (Apple M2 and later, Graviton 3/4)
+# Installs what it needs (Debian's rustc-web with its arm64 std, the cross gcc, qemu-user) when
+# it is missing. `AARCH64_CPUS` / `AARCH64_THREADS` narrow the matrix; extra arguments go to
+# every test binary (a test-name filter, say).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+[ -x /usr/bin/rustc ] && /usr/bin/rustc --print target-libdir --target aarch64-unknown-linux-gnu \
+  >/dev/null 2>&1 && [ -d "$(/usr/bin/rustc --print target-libdir --target aarch64-unknown-linux-gnu)" ] \
+  || need+=(rustc-web cargo-web libstd-rust-web-dev:arm64)
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The arm64 std package pulls in Debian's multiarch libc6:arm64, whose ld.so lives at
+# /lib/ld-linux-aarch64.so.1. Run against that glibc as a whole: `-L /usr/aarch64-linux-gnu`
+# would pair the cross package's ld.so with the multiarch libc.so.6 (two builds of glibc 2.36
+# whose private `_rtld_global` layouts differ), and the first pthread_create then loops
+# forever walking a stack-cache list it reads at the wrong offset.
+if [ -e /lib/ld-linux-aarch64.so.1 ]; then SYSROOT=/; else SYSROOT=/usr/aarch64-linux-gnu; fi
+
+export RUSTC=/usr/bin/rustc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+# Its own target folder: Debian's rustc is not the rustup one, and sharing one would rebuild
+# the host's dependencies on every switch.
+export CARGO_TARGET_DIR=${AARCH64_TARGET_DIR:-target/aarch64}
+CARGO=/usr/bin/cargo
+
+build() {
+  "$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib --test parity \
+    --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])'
+}
+"$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib --test parity --no-run
+mapfile -t bins < <(build)
+[ ${#bins[@]} -eq 2 ] || { echo "expected 2 test binaries, got: ${bins[*]}" >&2; exit 1; }
+
+cpus=${AARCH64_CPUS:-"cortex-a72 cortex-a76 max"}
+threads=${AARCH64_THREADS:-"1 2"}
+for cpu in $cpus; do
+  for t in $threads; do
+    for bin in "${bins[@]}"; do
+      name=$(basename "$bin" | sed 's/-[0-9a-f]*$//')
+      echo "== aarch64 $cpu, $t thread(s): $name"
+      # Library tests: the kernels (every ISA level this CPU has, against the scalar
+      # reference), the pool, the vector ops; parity: every fixture family.
+      filter=()
+      [ "$name" = lone_core ] && filter=(kernels::)
+      LONE_THREADS=$t RUST_TEST_THREADS=$t timeout 1200 \
+        qemu-aarch64 -L "$SYSROOT" -cpu "$cpu" "$bin" "${filter[@]}" "$@"
+    done
+  done
+done
