@@ -23,6 +23,19 @@ pub(super) struct VecFns {
 /// `(format, values, blocks, Q8_1 sums) -> written`: see `x86::quantize_q8_avx2`.
 pub(super) type Quant8Fn = unsafe fn(DType, &[f32], &mut [u8], &mut [u8]) -> bool;
 
+/// `e^r` on |r| ≤ ln2/2: Horner coefficients of its degree-7 Taylor polynomial (truncation
+/// error < 1e-8 relative), highest degree first; every family's SIMD `exp` uses them.
+pub(super) const EXP_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// `mix_rows` over raw value rows (`stride` elements apart) of the function's element type.
 pub(super) type MixFn =
     unsafe fn(*const f32, usize, usize, *const u8, usize, usize, usize, *mut f32);
@@ -44,6 +57,14 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             mix_f16: x86::avx2::mix_f16,
             mix_q8: x86::avx2::mix_q8,
             quant8: Some(x86::quantize_q8_avx2),
+        },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon | Isa::NeonDot => VecFns {
+            exp: neon::vec::exp,
+            mix: neon::vec::mix,
+            mix_f16: neon::vec::mix_f16,
+            mix_q8: neon::vec::mix_q8,
+            quant8: None,
         },
         _ => VecFns {
             exp: exp_scalar,

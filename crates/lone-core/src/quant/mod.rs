@@ -24,8 +24,11 @@ mod weighted;
 
 /// The per-block reference dequantizers, for the SIMD kernels to inline (exact mode).
 pub(crate) mod reference_blocks {
+    /// The aarch64 8-bit K-quant kernels read the packed scales with it.
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) use super::kquants::scale_min_k4;
     pub(crate) use super::kquants::{
-        dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k, scale_min_k4,
+        dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k,
     };
 }
 

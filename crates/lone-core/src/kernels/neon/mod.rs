@@ -42,6 +42,7 @@ macro_rules! by_nx {
 mod exact;
 mod float;
 mod int8;
+pub(in crate::kernels) mod vec;
 
 use exact::*;
 use float::*;

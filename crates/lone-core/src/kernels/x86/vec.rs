@@ -3,23 +3,11 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::*;
+use crate::kernels::vecops::EXP_POLY;
 
 /// e^x for 16 lanes: x = n·ln2 + r (|r| ≤ ln2/2, two-part ln2), e^r by its degree-7 Taylor
 /// polynomial (truncation error < 1e-8 relative), times 2^n by `vscalefps`. Inputs are clamped
 /// to [-87.3, 88.7] (e^-87.3 ≈ 1.2e-38: what underflows becomes that, not 0).
-/// `e^r` on |r| ≤ ln2/2: Horner coefficients, highest degree first (shared by [`exp16`] and
-/// [`exp8`]).
-pub(in crate::kernels) const EXP_POLY: [f32; 8] = [
-    1.0 / 5040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    0.5,
-    1.0,
-    1.0,
-];
-
 #[inline(always)]
 pub(in crate::kernels) unsafe fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(

@@ -1,0 +1,158 @@
+//! Vector primitives on NEON: `exp` (softmax) and attention's weighted sums of value rows.
+
+use super::*;
+use crate::kernels::vecops::EXP_POLY;
+
+/// `e^x` on 4 lanes: x86's `exp8` on NEON — the same range reduction (x = n·ln2 + r, two-part
+/// ln2), the same degree-7 polynomial, `2^n` from exponent bits in two halves.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn exp4(x: float32x4_t) -> float32x4_t {
+    let x = vminq_f32(
+        vmaxq_f32(x, vdupq_n_f32(-87.336_54)),
+        vdupq_n_f32(88.722_83),
+    );
+    let n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(core::f32::consts::LOG2_E)));
+    let r = vfmsq_f32(x, n, vdupq_n_f32(0.693_359_4));
+    let r = vfmsq_f32(r, n, vdupq_n_f32(-2.121_944_4e-4));
+    let mut p = vdupq_n_f32(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = vfmaq_f32(vdupq_n_f32(c), p, r);
+    }
+    let ni = vcvtq_s32_f32(n);
+    let n1 = vshrq_n_s32::<1>(ni);
+    let n2 = vsubq_s32(ni, n1);
+    let pow2 =
+        |k: int32x4_t| vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(k, vdupq_n_s32(127))));
+    vmulq_f32(vmulq_f32(p, pow2(n1)), pow2(n2))
+}
+
+/// `x[i] = e^x[i]` for `n` f32.
+pub(in crate::kernels) unsafe fn exp(x: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 4 <= n {
+        vst1q_f32(x.add(i), exp4(vld1q_f32(x.add(i))));
+        i += 4;
+    }
+    if i < n {
+        let mut t = [0f32; 4];
+        core::ptr::copy_nonoverlapping(x.add(i), t.as_mut_ptr(), n - i);
+        vst1q_f32(t.as_mut_ptr(), exp4(vld1q_f32(t.as_ptr())));
+        core::ptr::copy_nonoverlapping(t.as_ptr(), x.add(i), n - i);
+    }
+}
+
+/// `out[g·d + i] += Σ_j p[g·p_stride + j] · vals[j·stride + i]` for `g < G`: each value row
+/// is loaded once for all `G` weight rows; 16 columns at a time in registers over all `j`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn mix_g<W: FloatW, const G: usize>(
+    p: *const f32,
+    p_stride: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut c = 0;
+    while c + 16 <= d {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; G];
+        for j in 0..nk {
+            let v: [float32x4_t; 4] =
+                core::array::from_fn(|u| W::load4(vals.add((j * stride + c + 4 * u) * W::SIZE)));
+            for g in 0..G {
+                let pg = vdupq_n_f32(*p.add(g * p_stride + j));
+                for u in 0..4 {
+                    acc[g][u] = vfmaq_f32(acc[g][u], pg, v[u]);
+                }
+            }
+        }
+        for g in 0..G {
+            for u in 0..4 {
+                let o = out.add(g * d + c + 4 * u);
+                vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
+            }
+        }
+        c += 16;
+    }
+    for i in c..d {
+        for g in 0..G {
+            let mut a = 0.0f32;
+            for j in 0..nk {
+                a += *p.add(g * p_stride + j) * W::one(vals.add((j * stride + i) * W::SIZE));
+            }
+            *out.add(g * d + i) += a;
+        }
+    }
+}
+
+/// [`mix_g`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
+/// the weight times the block's scale, FMA'd with the widened quants.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn mix_q8_g<const G: usize>(
+    p: *const f32,
+    p_stride: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let rs = stride / 32 * 34;
+    for c in 0..d / 32 {
+        let mut acc = [[vdupq_n_f32(0.0); 8]; G];
+        for j in 0..nk {
+            let blk = vals.add(j * rs + c * 34);
+            let dq = f16_at(blk);
+            let lo = widen(vld1q_s8(blk.add(2) as *const i8));
+            let hi = widen(vld1q_s8(blk.add(18) as *const i8));
+            for g in 0..G {
+                let w = *p.add(g * p_stride + j) * dq;
+                for u in 0..4 {
+                    acc[g][u] = vfmaq_n_f32(acc[g][u], lo[u], w);
+                    acc[g][4 + u] = vfmaq_n_f32(acc[g][4 + u], hi[u], w);
+                }
+            }
+        }
+        for g in 0..G {
+            for u in 0..8 {
+                let o = out.add(g * d + 32 * c + 4 * u);
+                vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
+            }
+        }
+    }
+}
+
+macro_rules! mix_entry {
+    ($name:ident, $g:ident $(, $W:ty)?) => {
+        /// `vecops::mix_rows` over raw rows (its contract, unchecked), 4 weight rows at a time.
+        #[allow(clippy::too_many_arguments)]
+        pub(in crate::kernels) unsafe fn $name(
+            p: *const f32,
+            p_stride: usize,
+            nq: usize,
+            vals: *const u8,
+            stride: usize,
+            nk: usize,
+            d: usize,
+            out: *mut f32,
+        ) {
+            let mut g0 = 0;
+            while g0 < nq {
+                let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
+                match nq - g0 {
+                    1 => $g::<$($W,)? 1>(pp, p_stride, vals, stride, nk, d, oo),
+                    2 => $g::<$($W,)? 2>(pp, p_stride, vals, stride, nk, d, oo),
+                    3 => $g::<$($W,)? 3>(pp, p_stride, vals, stride, nk, d, oo),
+                    _ => $g::<$($W,)? 4>(pp, p_stride, vals, stride, nk, d, oo),
+                }
+                g0 += 4;
+            }
+        }
+    };
+}
+
+mix_entry!(mix, mix_g, WF32);
+mix_entry!(mix_f16, mix_g, WF16);
+mix_entry!(mix_q8, mix_q8_g);

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Instructions per decoded token and per prompt token, lone against llama.cpp, on aarch64 under
+# qemu-user (counted by a TCG plugin: repeatable, like callgrind; a count is not a time).
+#
+#   scripts/compare-llamacpp-aarch64.sh [MODEL.gguf ...]      (default: the default model)
+#
+# Needs: lone cross-built for aarch64 (this script builds it with scripts/test-aarch64.sh's
+# toolchain), the plugin (../shared/scripts/qemu-insn-plugin.sh) and llama.cpp cross-built for
+# the CPU class (LLAMA_CPU=aarch64-dotprod ../shared/scripts/build-llama-cpp.sh; CLASS=i8mm for
+# LLAMA_CPU=aarch64-i8mm). One thread each. Per-token counts are differences of two runs that
+# differ only in the token count (load, warm-up and set-up cancel):
+#   decode: `-n 33` minus `-n 1` over 32 tokens (lone run --ignore-eos; llama-bench -n);
+#   prompt: a 64-token prompt minus a 32-token one over 32 tokens (lone run -n 1 --prompt-ids;
+#           llama-bench -p).
+# Prints a markdown table row per model and mode.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLASS=${CLASS:-dotprod}
+case $CLASS in
+  dotprod) CPU=${QEMU_CPU:-cortex-a76} ;;
+  i8mm) CPU=${QEMU_CPU:-max,sme=off} ;;
+  *) echo "CLASS is dotprod or i8mm" >&2; exit 2 ;;
+esac
+LLAMA=${LLAMA:-$HOME/.cache/llama.cpp-0c1e570-aarch64-$CLASS}
+PLUGIN=${PLUGIN:-$HOME/.cache/qemu-insn/libinsn.so}
+[ -f "$PLUGIN" ] || bash ../shared/scripts/qemu-insn-plugin.sh "$(dirname "$PLUGIN")"
+[ -x "$LLAMA/bin/llama-bench" ] || { echo "no $LLAMA/bin/llama-bench: LLAMA_CPU=aarch64-$CLASS ../shared/scripts/build-llama-cpp.sh" >&2; exit 1; }
+if [ -e /lib/ld-linux-aarch64.so.1 ]; then SYSROOT=/; else SYSROOT=/usr/aarch64-linux-gnu; fi
+export CARGO_TARGET_DIR=${AARCH64_TARGET_DIR:-target/aarch64}
+RUSTC=/usr/bin/rustc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+  /usr/bin/cargo build --release --target aarch64-unknown-linux-gnu -p lone >&2
+LONE=$CARGO_TARGET_DIR/aarch64-unknown-linux-gnu/release/lone
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=("${LONE_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/lone/models}/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+count() { # command... → instructions
+  qemu-aarch64 -L "$SYSROOT" -cpu "$CPU" -plugin "$PLUGIN" -d plugin "$@" 2>&1 >/dev/null |
+    sed -n 's/.*total insns: \([0-9]*\).*/\1/p' | tail -1
+}
+ids() { seq -s, 100 $((99 + $1)); }
+per() { python3 -c "print(f'{($1 - $2) / $3 / 1e6:.1f}')"; }
+
+echo "| model | mode | lone M insn/decoded token | llama.cpp | ratio | lone M insn/prompt token | llama.cpp | ratio |"
+echo "|---|---|---|---|---|---|---|---|"
+for m in "${models[@]}"; do
+  l1=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 1 -o csv)
+  l33=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 33 -o csv)
+  p32=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 32 -n 0 -o csv)
+  p64=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 64 -n 0 -o csv)
+  ld=$(per "$l33" "$l1" 32); lp=$(per "$p64" "$p32" 32)
+  for mode in auto fast exact; do
+    case $mode in auto) env=() ;; fast) env=(LONE_EXACT=0) ;; exact) env=(LONE_EXACT=1) ;; esac
+    d1=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 1)
+    d33=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 33)
+    q32=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 32)" -n 1)
+    q64=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 64)" -n 1)
+    od=$(per "$d33" "$d1" 32); op=$(per "$q64" "$q32" 32)
+    echo "| $(basename "$m") | $mode | $od | $ld | $(python3 -c "print(f'{$od/$ld:.2f}')") | $op | $lp | $(python3 -c "print(f'{$op/$lp:.2f}')") |"
+  done
+done
