@@ -4,7 +4,7 @@
 use super::*;
 
 /// A 32-element format's block decoded: the codes `c` of elements 0..16 and 16..32 as signed
-/// bytes, the scale `d` and the offset `m` (0 where the format has none), such that the
+/// bytes, the scale `d` and the offset `m` (none for the formats without one), such that the
 /// reference dequantizer's value of element `j` is `c_j·d + m` (`c_j·d` without an offset),
 /// computed in f32 as it does.
 pub(in crate::kernels) trait LegacyW {
@@ -12,7 +12,13 @@ pub(in crate::kernels) trait LegacyW {
     const BB: usize;
     /// The format adds an offset `m` (Q4_1, Q5_1).
     const MIN: bool;
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32);
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2];
+    /// `d` in lane 0 and, for the formats with an offset, `m` in lane 1: the block's leading
+    /// halves widened at once (every block is at least 8 bytes long).
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> float32x2_t {
+        vget_low_f32(cvt_f16x4(vld1_u16(b as *const u16)))
+    }
 }
 
 pub(in crate::kernels) struct WQ4_0;
@@ -50,7 +56,7 @@ unsafe fn five_bits(qh: *const u8, qs: *const u8) -> [uint8x16_t; 2] {
 }
 
 #[inline(always)]
-unsafe fn signed(v: [uint8x16_t; 2], off: i8) -> [int8x16_t; 2] {
+unsafe fn minus(v: [uint8x16_t; 2], off: i8) -> [int8x16_t; 2] {
     v.map(|u| vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(off)))
 }
 
@@ -58,8 +64,8 @@ impl LegacyW for WQ4_0 {
     const BB: usize = 18;
     const MIN: bool = false;
     #[inline(always)]
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32) {
-        (signed(nibbles(b.add(2)), 8), f16_at(b), 0.0)
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        minus(nibbles(b.add(2)), 8)
     }
 }
 
@@ -67,8 +73,8 @@ impl LegacyW for WQ4_1 {
     const BB: usize = 20;
     const MIN: bool = true;
     #[inline(always)]
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32) {
-        (signed(nibbles(b.add(4)), 0), f16_at(b), f16_at(b.add(2)))
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        nibbles(b.add(4)).map(|v| vreinterpretq_s8_u8(v))
     }
 }
 
@@ -76,8 +82,8 @@ impl LegacyW for WQ5_0 {
     const BB: usize = 22;
     const MIN: bool = false;
     #[inline(always)]
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32) {
-        (signed(five_bits(b.add(2), b.add(6)), 16), f16_at(b), 0.0)
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        minus(five_bits(b.add(2), b.add(6)), 16)
     }
 }
 
@@ -85,9 +91,8 @@ impl LegacyW for WQ5_1 {
     const BB: usize = 24;
     const MIN: bool = true;
     #[inline(always)]
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32) {
-        let q = signed(five_bits(b.add(4), b.add(8)), 0);
-        (q, f16_at(b), f16_at(b.add(2)))
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        five_bits(b.add(4), b.add(8)).map(|v| vreinterpretq_s8_u8(v))
     }
 }
 
@@ -95,12 +100,11 @@ impl LegacyW for WQ8_0 {
     const BB: usize = 34;
     const MIN: bool = false;
     #[inline(always)]
-    unsafe fn decode(b: *const u8) -> ([int8x16_t; 2], f32, f32) {
-        let q = [
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        [
             vld1q_s8(b.add(2) as *const i8),
             vld1q_s8(b.add(18) as *const i8),
-        ];
-        (q, f16_at(b), 0.0)
+        ]
     }
 }
 
@@ -132,8 +136,10 @@ unsafe fn legacy_exact_n<W: LegacyW, const NX: usize>(a: &MatArgs) {
         let w = a.w.add(r * a.w_stride);
         let mut acc = [[vdupq_n_f32(0.0); 4]; NX];
         for b in 0..nb {
-            let (q, d, m) = W::decode(w.add(b * W::BB));
-            let (dv, mv) = (vdupq_n_f32(d), vdupq_n_f32(m));
+            let blk = w.add(b * W::BB);
+            let q = W::codes(blk);
+            let dm = W::scales(blk);
+            let (dv, mv) = (vdupq_lane_f32::<0>(dm), vdupq_lane_f32::<1>(dm));
             for h in 0..2 {
                 let f = widen(q[h]);
                 for u in 0..4 {

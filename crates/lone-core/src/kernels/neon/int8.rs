@@ -50,7 +50,8 @@ const Q8_1_BB: usize = 36;
 
 /// 32-element weights × Q8_1 activation rows (each row: its blocks, then per block
 /// [`Q8_1_SIDE`] bytes: d·Σq and d as f32). With codes `c`, scale `d`, offset `m`:
-/// `Σ w·x = d·dx·Σ c·q + m·(dx·Σq)`.
+/// `Σ w·x = d·dx·Σ c·q + m·(dx·Σq)`. Two blocks per step; the scales of a block are one
+/// 2-lane product ([d·dx, m·dx·Σq]).
 #[inline(always)]
 unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
@@ -58,23 +59,43 @@ unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let sides: [*const f32; NX] = core::array::from_fn(|t| xs[t].add(nb * Q8_1_BB) as *const f32);
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
-        let mut acc = [vdupq_n_f32(0.0); NX];
-        let mut accm = [0f32; NX];
-        for b in 0..nb {
-            let (q, d, m) = W::decode(w.add(b * W::BB));
-            for t in 0..NX {
-                let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
-                let side = sides[t].add(b * Q8_1_SIDE / 4);
-                let p = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb));
-                let p = D::dot(p, q[1], vld1q_s8(xb.add(16)));
-                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(p), d * side.add(1).read_unaligned());
-                if W::MIN {
-                    accm[t] += m * side.read_unaligned();
+        let mut acc = [[vdupq_n_f32(0.0); 2]; NX];
+        // Lane 1: Σ m·dx·Σq (lane 0 is not read).
+        let mut accm = [vdup_n_f32(0.0); NX];
+        let block =
+            |b: usize, u: usize, acc: &mut [[float32x4_t; 2]; NX], accm: &mut [float32x2_t; NX]| {
+                let blk = w.add(b * W::BB);
+                let q = W::codes(blk);
+                let dm = W::scales(blk);
+                for t in 0..NX {
+                    let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
+                    // [d·Σq, d] of the activation block.
+                    let side = vld1_f32(sides[t].add(b * Q8_1_SIDE / 4));
+                    let p = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb));
+                    let p = D::dot(p, q[1], vld1q_s8(xb.add(16)));
+                    if W::MIN {
+                        let s = vmul_f32(dm, vrev64_f32(side));
+                        acc[t][u] = vfmaq_lane_f32::<0>(acc[t][u], vcvtq_f32_s32(p), s);
+                        accm[t] = vadd_f32(accm[t], s);
+                    } else {
+                        let s = vmul_lane_f32::<1>(dm, side);
+                        acc[t][u] = vfmaq_lane_f32::<0>(acc[t][u], vcvtq_f32_s32(p), s);
+                    }
                 }
-            }
+            };
+        for b in 0..nb / 2 {
+            block(2 * b, 0, &mut acc, &mut accm);
+            block(2 * b + 1, 1, &mut acc, &mut accm);
+        }
+        if nb % 2 == 1 {
+            block(nb - 1, 0, &mut acc, &mut accm);
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = vaddvq_f32(acc[t]) + accm[t];
+            let mut s = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1]));
+            if W::MIN {
+                s += vget_lane_f32::<1>(accm[t]);
+            }
+            *a.out.add(t * a.out_stride + r) = s;
         }
     }
 }
