@@ -11,7 +11,8 @@
 # differ only in the token count (load, warm-up and set-up cancel):
 #   decode: `-n 33` minus `-n 1` over 32 tokens (lone run --ignore-eos; llama-bench -n);
 #   prompt: a 64-token prompt minus a 32-token one over 32 tokens (lone run -n 1 --prompt-ids;
-#           llama-bench -p).
+#           llama-bench -p), llama-bench with --no-warmup (its warm-up repeats the prompt).
+# lone's modes: auto (the default), fast (--fast), exact (--exact).
 # Prints a markdown table row per model and mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,9 +34,11 @@ LONE=$CARGO_TARGET_DIR/aarch64-unknown-linux-gnu/release/lone
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=("${LONE_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/lone/models}/SmolLM2-135M-Instruct.Q4_1.gguf")
 
-count() { # command... → instructions
-  qemu-aarch64 -L "$SYSROOT" -cpu "$CPU" -plugin "$PLUGIN" -d plugin "$@" 2>&1 >/dev/null |
-    sed -n 's/.*total insns: \([0-9]*\).*/\1/p' | tail -1
+count() { # [VAR=value...] command... → instructions (the variables go to the guest)
+  local vars=()
+  while [[ $1 == *=* ]]; do vars+=("$1"); shift; done
+  env "${vars[@]}" qemu-aarch64 -L "$SYSROOT" -cpu "$CPU" -plugin "$PLUGIN" -d plugin "$@" \
+    2>&1 >/dev/null | sed -n 's/.*total insns: \([0-9]*\).*/\1/p' | tail -1
 }
 ids() { seq -s, 100 $((99 + $1)); }
 per() { python3 -c "print(f'{($1 - $2) / $3 / 1e6:.1f}')"; }
@@ -43,17 +46,17 @@ per() { python3 -c "print(f'{($1 - $2) / $3 / 1e6:.1f}')"; }
 echo "| model | mode | lone M insn/decoded token | llama.cpp | ratio | lone M insn/prompt token | llama.cpp | ratio |"
 echo "|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
-  l1=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 1 -o csv)
-  l33=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 33 -o csv)
-  p32=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 32 -n 0 -o csv)
-  p64=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 64 -n 0 -o csv)
+  l1=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 1 -o csv --no-warmup)
+  l33=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 33 -o csv --no-warmup)
+  p32=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 32 -n 0 -o csv --no-warmup)
+  p64=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 64 -n 0 -o csv --no-warmup)
   ld=$(per "$l33" "$l1" 32); lp=$(per "$p64" "$p32" 32)
   for mode in auto fast exact; do
-    case $mode in auto) env=() ;; fast) env=(LONE_EXACT=0) ;; exact) env=(LONE_EXACT=1) ;; esac
-    d1=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 1)
-    d33=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 33)
-    q32=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 32)" -n 1)
-    q64=$(count env "${env[@]}" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 64)" -n 1)
+    case $mode in auto) e=LONE_EXACT=2 ;; fast) e=LONE_EXACT=0 ;; exact) e=LONE_EXACT=1 ;; esac
+    d1=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 1)
+    d33=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 33)
+    q32=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 32)" -n 1)
+    q64=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 64)" -n 1)
     od=$(per "$d33" "$d1" 32); op=$(per "$q64" "$q32" 32)
     echo "| $(basename "$m") | $mode | $od | $ld | $(python3 -c "print(f'{$od/$ld:.2f}')") | $op | $lp | $(python3 -c "print(f'{$op/$lp:.2f}')") |"
   done

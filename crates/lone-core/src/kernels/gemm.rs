@@ -453,7 +453,7 @@ pub(super) fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option
     if dtype == DType::BF16 && isa == Isa::Avx512 && bf16::pays() && n >= BGEMM_MIN_ROWS {
         return Some(DType::BF16);
     }
-    let ad = act_format(dtype)?;
+    let ad = act_format_on(isa, dtype)?;
     #[cfg(target_arch = "x86_64")]
     if int8::supports(isa, dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);

@@ -263,10 +263,10 @@ macro_rules! arm {
             fast: None,
         }
     };
-    ($name:ident, 8bit) => {
+    ($name:ident, 8bit: $act:ident) => {
         neon::ArmKernels {
             exact: neon::ex::$name,
-            fast: Some([neon::neon::$name, neon::dot::$name]),
+            fast: Some(([neon::neon::$name, neon::dot::$name], DType::$act)),
         }
     };
 }
@@ -300,35 +300,35 @@ pub(super) const FORMATS: &[Format] = &[
         arm: bf16),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
         fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true)),
-        arm: q4_0, 8bit),
+        arm: q4_0, 8bit: Q8_1),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
         fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true)),
-        arm: q4_1, 8bit),
+        arm: q4_1, 8bit: Q8_1),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
         fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true)),
-        arm: q5_0, 8bit),
+        arm: q5_0, 8bit: Q8_1),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
         fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true)),
-        arm: q5_1, 8bit),
+        arm: q5_1, 8bit: Q8_1),
     // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
-        arm: q8_0, 8bit),
+        arm: q8_0, 8bit: Q8_1),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
-        arm: q2_k),
+        arm: q2_k, 8bit: Q8K),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
-        arm: q3_k),
+        arm: q3_k, 8bit: Q8K),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
         fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true)),
-        arm: q4_k, 8bit),
+        arm: q4_k, 8bit: Q8K),
     weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
         fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k, packed: false)),
-        arm: q5_k, 8bit),
+        arm: q5_k, 8bit: Q8K),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
-        arm: q6_k, 8bit),
+        arm: q6_k, 8bit: Q8K),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -339,6 +339,18 @@ pub(super) fn format_of(dtype: DType) -> Option<&'static Format> {
 /// The 8-bit activation format llama.cpp pairs with a weight format.
 pub(super) fn act_format(dtype: DType) -> Option<DType> {
     format_of(dtype).and_then(|f| f.act)
+}
+
+/// The 8-bit activation format fast mode multiplies `dtype` with on `isa`'s matrix-vector
+/// kernels: [`act_format`], and on aarch64 also Q8_K for Q2_K/Q3_K, which have 8-bit kernels
+/// there (none on x86, where fast mode takes them exactly).
+pub(super) fn act_format_on(isa: Isa, dtype: DType) -> Option<DType> {
+    #[cfg(target_arch = "aarch64")]
+    if isa.is_arm() {
+        return format_of(dtype)?.arm.fast.map(|(_, ad)| ad);
+    }
+    let _ = isa;
+    act_format(dtype)
 }
 
 /// Scalar kernel: `quant::reference::dot_row` per (row, activation row), f32 activations.
@@ -365,7 +377,11 @@ pub(super) unsafe fn scalar_rows(a: &MatArgs) {
 }
 
 pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
-    let fast_act = if exact { None } else { act_format(dtype) };
+    let fast_act = if exact {
+        None
+    } else {
+        act_format_on(isa, dtype)
+    };
     let scalar = Kernel {
         f: scalar_rows,
         act: fast_act.map_or(Act::F32, Act::QuantDeq),
@@ -474,7 +490,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
 pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
     let k = &format_of(dtype)?.arm;
     let (f, act) = match (fast_act, k.fast) {
-        (Some(ad), Some(fast)) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
+        (Some(ad), Some((fast, _))) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
         _ => (k.exact, Act::F32),
     };
     Some(Kernel {
@@ -502,7 +518,7 @@ pub(super) struct Active {
 /// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
 /// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
 pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
-    isa.has_8bit() && act_format(dtype).is_some()
+    isa.has_8bit() && act_format_on(isa, dtype).is_some()
 }
 
 /// The most rows a speculative verify pass of one sequence takes for `dtype` in this thread's

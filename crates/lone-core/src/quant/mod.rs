@@ -22,11 +22,13 @@ mod legacy;
 pub mod reference;
 mod weighted;
 
-/// The per-block reference dequantizers, for the SIMD kernels to inline (exact mode).
+/// The per-block reference dequantizers and scale unpacking, for the SIMD kernels to inline.
 pub(crate) mod reference_blocks {
     /// The aarch64 8-bit K-quant kernels read the packed scales with it.
     #[cfg(target_arch = "aarch64")]
     pub(crate) use super::kquants::scale_min_k4;
+    /// The x86 exact kernels inline them (aarch64 decodes K-quants in NEON).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) use super::kquants::{
         dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k,
     };

@@ -219,7 +219,7 @@ pub fn model_info(model: &Model, path: &Path) -> Info {
     } else {
         embed
     };
-    // An F16/BF16 head is read at decode through its Q8_0 copy on x86 (default and fast mode).
+    // An F16/BF16 head is read at decode through its Q8_0 copy on x86 and ARM (default and fast mode).
     let head_used = model.decode_head_copy_bytes().unwrap_or(head_used);
     let bytes_per_token = size_bytes - embed - head + head_used;
     // Without a file type: the format holding the most bytes.

@@ -165,27 +165,201 @@ pub(in crate::kernels) unsafe fn legacy_exact<W: LegacyW>(a: &MatArgs) {
     by_nx!(a, legacy_exact_n, W)
 }
 
-#[repr(C, align(16))]
-struct Buf([f32; 256]);
+/// A K-quant super-block (256 elements) decoded for the exact kernels: 16 groups of 16 codes
+/// (signed bytes) with, per group, the f32 scale `dl` and, for the formats with mins, `ml`,
+/// computed as the reference dequantizer computes them, so that its value of an element is
+/// `dl·q - ml` (`dl·q` without mins) in f32.
+pub(in crate::kernels) trait KExact {
+    const BB: usize;
+    const MIN: bool;
+    unsafe fn decode(b: *const u8, q: &mut [int8x16_t; 16], dl: &mut [f32; 16], ml: &mut [f32; 16]);
+}
+
+pub(in crate::kernels) struct KQ2;
+pub(in crate::kernels) struct KQ3;
+pub(in crate::kernels) struct KQ4;
+pub(in crate::kernels) struct KQ5;
+pub(in crate::kernels) struct KQ6;
+
+/// `(v >> SHIFT) & mask` on 16 bytes, for a shift known per call site.
+#[inline(always)]
+unsafe fn bits(v: uint8x16_t, shift: usize, mask: u8) -> uint8x16_t {
+    vandq_u8(vshlq_u8(v, vdupq_n_s8(-(shift as i8))), vdupq_n_u8(mask))
+}
+
+/// Q2_K's codes (0..4): group `s` of 16 takes bits `2·plane` of bytes `16 + 32·half + 16·(s %
+/// 2)..`, with `half = s / 8`, `plane = (s % 8) / 2`.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q2k_codes(b: *const u8, q: &mut [int8x16_t; 16]) {
+    for s in 0..16 {
+        let (half, plane) = (s / 8, (s % 8) / 2);
+        let v = vld1q_u8(b.add(16 + 32 * half + 16 * (s % 2)));
+        q[s] = vreinterpretq_s8_u8(bits(v, 2 * plane, 3));
+    }
+}
+
+/// Q3_K's codes (-4..4): 2 low bits as Q2_K's, minus 4 where the high-mask bit `4·half +
+/// plane` of byte `16·(s % 2) + l` is clear.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q3k_codes(b: *const u8, q: &mut [int8x16_t; 16]) {
+    let hm = [vld1q_u8(b), vld1q_u8(b.add(16))];
+    for s in 0..16 {
+        let (half, plane, off) = (s / 8, (s % 8) / 2, s % 2);
+        let v = bits(vld1q_u8(b.add(32 + 32 * half + 16 * off)), 2 * plane, 3);
+        let set = vtstq_u8(hm[off], vdupq_n_u8(1 << (4 * half + plane)));
+        let sub = vbicq_u8(vdupq_n_u8(4), set);
+        q[s] = vsubq_s8(vreinterpretq_s8_u8(v), vreinterpretq_s8_u8(sub));
+    }
+}
+
+/// Q3_K's 16 signed 6-bit scales: low nibbles in bytes 96..104 (scale `s` in byte `s % 8`,
+/// nibble `s / 8`), 2-bit high parts in bytes 104..108 (byte `s % 4`, bits `2·(s / 4)`).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q3k_scale(b: *const u8, s: usize) -> i8 {
+    let lo = (*b.add(96 + s % 8) >> (4 * (s / 8))) & 0x0f;
+    let hi = (*b.add(104 + s % 4) >> (2 * (s / 4))) & 3;
+    (lo | (hi << 4)) as i8 - 32
+}
+
+impl KExact for KQ2 {
+    const BB: usize = 84;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(
+        b: *const u8,
+        q: &mut [int8x16_t; 16],
+        dl: &mut [f32; 16],
+        ml: &mut [f32; 16],
+    ) {
+        let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+        q2k_codes(b, q);
+        for s in 0..16 {
+            let sc = *b.add(s);
+            dl[s] = d * f32::from(sc & 0x0f);
+            ml[s] = dmin * f32::from(sc >> 4);
+        }
+    }
+}
+
+impl KExact for KQ3 {
+    const BB: usize = 110;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn decode(b: *const u8, q: &mut [int8x16_t; 16], dl: &mut [f32; 16], _: &mut [f32; 16]) {
+        let d = f16_at(b.add(108));
+        q3k_codes(b, q);
+        for s in 0..16 {
+            dl[s] = d * f32::from(q3k_scale(b, s));
+        }
+    }
+}
+
+/// Q4_K (`FIVE` false) and Q5_K: sub-block `j` of 32 (groups `2j`, `2j + 1`) takes nibble
+/// `j % 2` of bytes `32·(j / 2)..`, Q5_K bit `j` of `qh` as the fifth.
+#[inline(always)]
+unsafe fn q45k_decode<const FIVE: bool>(
+    b: *const u8,
+    q: &mut [int8x16_t; 16],
+    dl: &mut [f32; 16],
+    ml: &mut [f32; 16],
+) {
+    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+    let scales = core::slice::from_raw_parts(b.add(4), 12);
+    let qs = b.add(if FIVE { 48 } else { 16 });
+    let qh = [vld1q_u8(b.add(16)), vld1q_u8(b.add(32))];
+    for j in 0..8 {
+        let (sc, m) = crate::quant::reference_blocks::scale_min_k4(j, scales);
+        let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+        for h in 0..2 {
+            let mut v = bits(vld1q_u8(qs.add(32 * (j / 2) + 16 * h)), 4 * (j % 2), 0x0f);
+            if FIVE {
+                let hb = vandq_u8(vtstq_u8(qh[h], vdupq_n_u8(1 << j)), vdupq_n_u8(0x10));
+                v = vorrq_u8(v, hb);
+            }
+            q[2 * j + h] = vreinterpretq_s8_u8(v);
+            dl[2 * j + h] = d1;
+            ml[2 * j + h] = m1;
+        }
+    }
+}
+
+impl KExact for KQ4 {
+    const BB: usize = 144;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(
+        b: *const u8,
+        q: &mut [int8x16_t; 16],
+        dl: &mut [f32; 16],
+        ml: &mut [f32; 16],
+    ) {
+        q45k_decode::<false>(b, q, dl, ml)
+    }
+}
+
+impl KExact for KQ5 {
+    const BB: usize = 176;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn decode(
+        b: *const u8,
+        q: &mut [int8x16_t; 16],
+        dl: &mut [f32; 16],
+        ml: &mut [f32; 16],
+    ) {
+        q45k_decode::<true>(b, q, dl, ml)
+    }
+}
+
+impl KExact for KQ6 {
+    const BB: usize = 210;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn decode(b: *const u8, q: &mut [int8x16_t; 16], dl: &mut [f32; 16], _: &mut [f32; 16]) {
+        let (ql, qh) = (b, b.add(128));
+        let d = f16_at(b.add(208));
+        // Chunk c = 4·half + r (32 elements): nibble r / 2 of ql[64·half + 32·(r % 2) + l],
+        // bits 2r..2r+2 of qh[32·half + l]; group 2c + h takes elements 16h.. of it.
+        for c in 0..8 {
+            let (half, r) = (c / 4, c % 4);
+            for h in 0..2 {
+                let lo = bits(
+                    vld1q_u8(ql.add(64 * half + 32 * (r % 2) + 16 * h)),
+                    4 * (r / 2),
+                    0x0f,
+                );
+                let hi = bits(vld1q_u8(qh.add(32 * half + 16 * h)), 2 * r, 3);
+                let v = vorrq_u8(lo, vshlq_n_u8::<4>(hi));
+                let g = 2 * c + h;
+                q[g] = vsubq_s8(vreinterpretq_s8_u8(v), vdupq_n_s8(32));
+                // ggml: d * sc * q, evaluated left to right.
+                dl[g] = d * f32::from(*b.add(192 + g) as i8);
+            }
+        }
+    }
+}
 
 #[inline(always)]
-unsafe fn k_exact_n<const BB: usize, const NX: usize>(
-    a: &MatArgs,
-    deq: impl Fn(&[u8; BB], &mut [f32; 256]),
-) {
+unsafe fn k_exact_n<K: KExact, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 256;
     let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
-    let mut buf = Buf([0.0; 256]);
+    let mut q = [vdupq_n_s8(0); 16];
+    let (mut dl, mut ml) = ([0f32; 16], [0f32; 16]);
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let mut acc = [[vdupq_n_f32(0.0); 4]; NX];
         for b in 0..nb {
-            deq(&*(w.add(b * BB) as *const [u8; BB]), &mut buf.0);
-            for i in (0..256).step_by(16) {
+            K::decode(w.add(b * K::BB), &mut q, &mut dl, &mut ml);
+            for g in 0..16 {
+                let f = widen(q[g]);
+                let (dv, mv) = (vdupq_n_f32(dl[g]), vdupq_n_f32(ml[g]));
                 for u in 0..4 {
-                    let wv = vld1q_f32(buf.0.as_ptr().add(i + 4 * u));
+                    let mut wv = vmulq_f32(f[u], dv);
+                    if K::MIN {
+                        wv = vsubq_f32(wv, mv);
+                    }
                     for t in 0..NX {
-                        let x = vld1q_f32(xs[t].add(b * 256 + i + 4 * u));
+                        let x = vld1q_f32(xs[t].add(b * 256 + 16 * g + 4 * u));
                         acc[t][u] = vfmaq_f32(acc[t][u], wv, x);
                     }
                 }
@@ -197,16 +371,8 @@ unsafe fn k_exact_n<const BB: usize, const NX: usize>(
     }
 }
 
-/// K-quant weights through the reference block dequantizer `deq` (bit-exact by construction).
+/// K-quant weights decoded in NEON ([`KExact`]), bit-exactly, × f32 activations.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn k_exact<const BB: usize>(
-    a: &MatArgs,
-    deq: impl Fn(&[u8; BB], &mut [f32; 256]) + Copy,
-) {
-    match a.nx {
-        1 => k_exact_n::<BB, 1>(a, deq),
-        2 => k_exact_n::<BB, 2>(a, deq),
-        3 => k_exact_n::<BB, 3>(a, deq),
-        _ => k_exact_n::<BB, 4>(a, deq),
-    }
+pub(in crate::kernels) unsafe fn k_exact<K: KExact>(a: &MatArgs) {
+    by_nx!(a, k_exact_n, K)
 }

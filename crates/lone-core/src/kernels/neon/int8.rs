@@ -262,3 +262,69 @@ unsafe fn q6k_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
 pub(in crate::kernels) unsafe fn q6k_8bit<D: Dot>(a: &MatArgs) {
     by_nx!(a, q6k_8bit_n, D)
 }
+
+/// Q2_K (`THREE` false) / Q3_K weights × Q8_K activation rows, per group `s` of 16 with an
+/// integer scale `sc_s` (Q2_K: 4 bits, with a 4-bit min `m_s`; Q3_K: signed 6 bits, codes
+/// -4..4): `Σ w·x = d·dx·Σ_s sc_s·Σ q·x - dmin·dx·Σ_s m_s·Σx` (no min term for Q3_K).
+#[inline(always)]
+unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let bb = if THREE { 110 } else { 84 };
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let mut q = [vdupq_n_s8(0); 16];
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        for b in 0..nb {
+            let wb = w.add(b * bb);
+            let (sc, mn): ([i32; 16], [i32; 16]) = if THREE {
+                q3k_codes(wb, &mut q);
+                (
+                    core::array::from_fn(|s| i32::from(q3k_scale(wb, s))),
+                    [0; 16],
+                )
+            } else {
+                q2k_codes(wb, &mut q);
+                (
+                    core::array::from_fn(|s| i32::from(*wb.add(s) & 0x0f)),
+                    core::array::from_fn(|s| i32::from(*wb.add(s) >> 4)),
+                )
+            };
+            let (d, dmin) = if THREE {
+                (f16_at(wb.add(108)), 0.0)
+            } else {
+                (f16_at(wb.add(80)), f16_at(wb.add(82)))
+            };
+            for t in 0..NX {
+                let (dx, xq, bs) = q8k(xs[t], b);
+                let mut isum = vdupq_n_s32(0);
+                for s in 0..16 {
+                    let v = D::dot(vdupq_n_s32(0), q[s], vld1q_s8(xq.add(16 * s)));
+                    isum = vmlaq_n_s32(isum, v, sc[s]);
+                }
+                let mut f = d * dx * vaddvq_s32(isum) as f32;
+                if !THREE {
+                    let mut mins = 0i32;
+                    for s in 0..16 {
+                        mins += mn[s] * i32::from(bs.add(s).read_unaligned());
+                    }
+                    f -= dmin * dx * mins as f32;
+                }
+                acc[t] += f;
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = acc[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn q23k_8bit<D: Dot, const THREE: bool>(a: &MatArgs) {
+    match a.nx {
+        1 => q23k_8bit_n::<D, THREE, 1>(a),
+        2 => q23k_8bit_n::<D, THREE, 2>(a),
+        3 => q23k_8bit_n::<D, THREE, 3>(a),
+        _ => q23k_8bit_n::<D, THREE, 4>(a),
+    }
+}

@@ -6,9 +6,10 @@
 //! - an **exact** matrix-vector kernel (f32 activations): float formats widened in registers
 //!   (`fcvtl` for F16, a shift for BF16), the 32-element formats decoded to bytes in NEON and
 //!   scaled exactly as the reference dequantizer does (`q·d`, or `q·d + m` as a separate
-//!   multiply and add), the K-quants through the reference block dequantizer into a stack
-//!   buffer; all FMA'd with up to 4 activation rows per weight load (`exact`, `float`);
-//! - for the formats llama.cpp pairs with 8-bit activations, an **8-bit** matrix-vector kernel
+//!   multiply and add), the K-quants likewise per group of 16 (`dl·q - ml`); all FMA'd with
+//!   up to 4 activation rows per weight load (`exact`, `float`);
+//! - for the formats llama.cpp pairs with 8-bit activations (here Q2_K and Q3_K too), an
+//!   **8-bit** matrix-vector kernel
 //!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
 //!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod.
 //!
@@ -26,6 +27,7 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 
 use super::{MatArgs, MatFn};
+use crate::tensor::DType;
 
 /// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
 macro_rules! by_nx {
@@ -52,9 +54,10 @@ use int8::*;
 pub(in crate::kernels) struct ArmKernels {
     /// The exact matrix-vector kernel (f32 activations), both levels.
     pub(in crate::kernels) exact: MatFn,
-    /// The 8-bit matrix-vector kernels (activations in the format's 8-bit blocks):
-    /// [NEON, NEON + dotprod].
-    pub(in crate::kernels) fast: Option<[MatFn; 2]>,
+    /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], and the activation format they
+    /// take: llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants,
+    /// Q2_K and Q3_K included, which have no 8-bit kernels on x86).
+    pub(in crate::kernels) fast: Option<([MatFn; 2], DType)>,
 }
 
 /// IEEE half bits → f32 (`fcvt`, part of the ARMv8.0 floating point baseline).
@@ -125,26 +128,11 @@ pub(in crate::kernels) mod ex {
     entry!(q5_0, legacy_exact::<WQ5_0>);
     entry!(q5_1, legacy_exact::<WQ5_1>);
     entry!(q8_0, legacy_exact::<WQ8_0>);
-    entry!(q2_k, |a| k_exact::<84>(
-        a,
-        crate::quant::reference_blocks::dequant_q2_k
-    ));
-    entry!(q3_k, |a| k_exact::<110>(
-        a,
-        crate::quant::reference_blocks::dequant_q3_k
-    ));
-    entry!(q4_k, |a| k_exact::<144>(
-        a,
-        crate::quant::reference_blocks::dequant_q4_k
-    ));
-    entry!(q5_k, |a| k_exact::<176>(
-        a,
-        crate::quant::reference_blocks::dequant_q5_k
-    ));
-    entry!(q6_k, |a| k_exact::<210>(
-        a,
-        crate::quant::reference_blocks::dequant_q6_k
-    ));
+    entry!(q2_k, k_exact::<KQ2>);
+    entry!(q3_k, k_exact::<KQ3>);
+    entry!(q4_k, k_exact::<KQ4>);
+    entry!(q5_k, k_exact::<KQ5>);
+    entry!(q6_k, k_exact::<KQ6>);
 }
 
 /// The 8-bit kernels of one level, over the dot product `$D`.
@@ -157,6 +145,8 @@ macro_rules! fast_level {
             entry!(q5_0 $(, $features)?, legacy_8bit::<$D, WQ5_0>);
             entry!(q5_1 $(, $features)?, legacy_8bit::<$D, WQ5_1>);
             entry!(q8_0 $(, $features)?, legacy_8bit::<$D, WQ8_0>);
+            entry!(q2_k $(, $features)?, q23k_8bit::<$D, false>);
+            entry!(q3_k $(, $features)?, q23k_8bit::<$D, true>);
             entry!(q4_k $(, $features)?, q45k_8bit::<$D, false>);
             entry!(q5_k $(, $features)?, q45k_8bit::<$D, true>);
             entry!(q6_k $(, $features)?, q6k_8bit::<$D>);
