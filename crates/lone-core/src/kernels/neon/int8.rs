@@ -30,10 +30,12 @@ impl Dot for Smull {
 impl Dot for Sdot {
     #[inline(always)]
     unsafe fn dot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-        // SAFETY: register-only; the callers run inside `#[target_feature(enable =
-        // "dotprod")]` functions, dispatched only where the CPU has it.
+        // SAFETY: register-only; only the dotprod level's kernels (`#[target_feature(enable =
+        // "dotprod")]`, dispatched only where the CPU has it) use `Sdot`. The directive lets
+        // the assembler take `sdot` in a closure the compiler kept out of line.
         unsafe {
             asm!(
+                ".arch_extension dotprod",
                 "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
                 acc = inout(vreg) acc,
                 a = in(vreg) a,
@@ -48,54 +50,107 @@ impl Dot for Sdot {
 /// Bytes of a Q8_1 activation block (f16 d, f16 s, 32 codes).
 const Q8_1_BB: usize = 36;
 
+/// The four f16 `d` of blocks `blk` as f32, and for the formats with an offset their four `m`.
+#[inline(always)]
+unsafe fn scales4<W: LegacyW>(blk: &[*const u8; 4]) -> (float32x4_t, float32x4_t) {
+    if W::MIN {
+        // Each row's d and m as one u32 lane, then split and widened.
+        let mut dm = vdupq_n_u32(0);
+        dm = vsetq_lane_u32::<0>((blk[0] as *const u32).read_unaligned(), dm);
+        dm = vsetq_lane_u32::<1>((blk[1] as *const u32).read_unaligned(), dm);
+        dm = vsetq_lane_u32::<2>((blk[2] as *const u32).read_unaligned(), dm);
+        dm = vsetq_lane_u32::<3>((blk[3] as *const u32).read_unaligned(), dm);
+        let h = vreinterpretq_u16_u32(dm);
+        (
+            cvt_f16x4(vget_low_u16(vuzp1q_u16(h, h))),
+            cvt_f16x4(vget_low_u16(vuzp2q_u16(h, h))),
+        )
+    } else {
+        let mut dh = vdup_n_u16(0);
+        dh = vset_lane_u16::<0>((blk[0] as *const u16).read_unaligned(), dh);
+        dh = vset_lane_u16::<1>((blk[1] as *const u16).read_unaligned(), dh);
+        dh = vset_lane_u16::<2>((blk[2] as *const u16).read_unaligned(), dh);
+        dh = vset_lane_u16::<3>((blk[3] as *const u16).read_unaligned(), dh);
+        (cvt_f16x4(dh), vdupq_n_f32(0.0))
+    }
+}
+
 /// 32-element weights × Q8_1 activation rows (each row: its blocks, then per block
 /// [`Q8_1_SIDE`] bytes: d·Σq and d as f32). With codes `c`, scale `d`, offset `m`:
-/// `Σ w·x = d·dx·Σ c·q + m·(dx·Σq)`. Two blocks per step; the scales of a block are one
-/// 2-lane product ([d·dx, m·dx·Σq]).
+/// `Σ w·x = d·dx·Σ c·q + m·(dx·Σq)`.
+///
+/// Four weight rows at a time: each activation block is loaded once for the four, their
+/// integer sums are gathered into one vector (`addp`) and scaled by the four rows' `d` (and
+/// `m`) as vectors. Every output is the same chain whatever the rows around it: per block,
+/// `acc = fma(float(Σ c·q), d·dx, acc)` and `accm = fma(m, dx·Σq, accm)`, then `acc + accm`;
+/// the rows past a multiple of 4 compute exactly that one row at a time, so a row's result
+/// depends neither on the tile it falls in nor on how many activation rows come with it.
 #[inline(always)]
 unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
     let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
     let sides: [*const f32; NX] = core::array::from_fn(|t| xs[t].add(nb * Q8_1_BB) as *const f32);
-    for r in 0..a.rows {
-        let w = a.w.add(r * a.w_stride);
-        let mut acc = [[vdupq_n_f32(0.0); 2]; NX];
-        // Lane 1: Σ m·dx·Σq (lane 0 is not read).
-        let mut accm = [vdup_n_f32(0.0); NX];
-        let block =
-            |b: usize, u: usize, acc: &mut [[float32x4_t; 2]; NX], accm: &mut [float32x2_t; NX]| {
-                let blk = w.add(b * W::BB);
-                let q = W::codes(blk);
-                let dm = W::scales(blk);
-                for t in 0..NX {
-                    let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
-                    // [d·Σq, d] of the activation block.
-                    let side = vld1_f32(sides[t].add(b * Q8_1_SIDE / 4));
-                    let p = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb));
-                    let p = D::dot(p, q[1], vld1q_s8(xb.add(16)));
-                    if W::MIN {
-                        let s = vmul_f32(dm, vrev64_f32(side));
-                        acc[t][u] = vfmaq_lane_f32::<0>(acc[t][u], vcvtq_f32_s32(p), s);
-                        accm[t] = vadd_f32(accm[t], s);
-                    } else {
-                        let s = vmul_lane_f32::<1>(dm, side);
-                        acc[t][u] = vfmaq_lane_f32::<0>(acc[t][u], vcvtq_f32_s32(p), s);
-                    }
+    let r4 = a.rows / 4 * 4;
+    for r in (0..r4).step_by(4) {
+        let w: [*const u8; 4] = core::array::from_fn(|i| a.w.add((r + i) * a.w_stride));
+        let mut acc = [vdupq_n_f32(0.0); NX];
+        let mut accm = [vdupq_n_f32(0.0); NX];
+        for b in 0..nb {
+            let blk: [*const u8; 4] = core::array::from_fn(|i| w[i].add(b * W::BB));
+            let mut q = [[vdupq_n_s8(0); 2]; 4];
+            for i in 0..4 {
+                q[i] = W::codes(blk[i]);
+            }
+            let (d, m) = scales4::<W>(&blk);
+            for t in 0..NX {
+                let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
+                let (x0, x1) = (vld1q_s8(xb), vld1q_s8(xb.add(16)));
+                let mut p = [vdupq_n_s32(0); 4];
+                for i in 0..4 {
+                    p[i] = D::dot(D::dot(vdupq_n_s32(0), q[i][0], x0), q[i][1], x1);
                 }
-            };
-        for b in 0..nb / 2 {
-            block(2 * b, 0, &mut acc, &mut accm);
-            block(2 * b + 1, 1, &mut acc, &mut accm);
-        }
-        if nb % 2 == 1 {
-            block(nb - 1, 0, &mut acc, &mut accm);
+                let p = vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+                // [dx·Σq, dx] of the activation block.
+                let sx = vld1_f32(sides[t].add(b * Q8_1_SIDE / 4));
+                acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(p), vmulq_lane_f32::<1>(d, sx));
+                if W::MIN {
+                    accm[t] = vfmaq_lane_f32::<0>(accm[t], m, sx);
+                }
+            }
         }
         for t in 0..NX {
-            let mut s = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1]));
-            if W::MIN {
-                s += vget_lane_f32::<1>(accm[t]);
+            let v = if W::MIN {
+                vaddq_f32(acc[t], accm[t])
+            } else {
+                acc[t]
+            };
+            vst1q_f32(a.out.add(t * a.out_stride + r), v);
+        }
+    }
+    for r in r4..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        let mut accm = [0f32; NX];
+        for b in 0..nb {
+            let blk = w.add(b * W::BB);
+            let q = W::codes(blk);
+            let dm = W::scales(blk);
+            let (d, m) = (vget_lane_f32::<0>(dm), vget_lane_f32::<1>(dm));
+            for t in 0..NX {
+                let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
+                let p = D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb));
+                let p = D::dot(p, q[1], vld1q_s8(xb.add(16)));
+                let side = sides[t].add(b * Q8_1_SIDE / 4);
+                let (sq, dx) = (side.read_unaligned(), side.add(1).read_unaligned());
+                acc[t] = (vaddvq_s32(p) as f32).mul_add(d * dx, acc[t]);
+                if W::MIN {
+                    accm[t] = m.mul_add(sq, accm[t]);
+                }
             }
-            *a.out.add(t * a.out_stride + r) = s;
+        }
+        for t in 0..NX {
+            let v = if W::MIN { acc[t] + accm[t] } else { acc[t] };
+            *a.out.add(t * a.out_stride + r) = v;
         }
     }
 }
