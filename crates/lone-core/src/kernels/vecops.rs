@@ -76,6 +76,45 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
     }
 }
 
+/// A weighted sum of value rows for `G` weight rows at once (each family's kernels).
+pub(in crate::kernels) trait MixG {
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    );
+}
+
+/// [`MixG`] for any number of weight rows, 4 at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn mix_by_4<M: MixG>(
+    p: *const f32,
+    p_stride: usize,
+    nq: usize,
+    vals: *const u8,
+    stride: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut g0 = 0;
+    while g0 < nq {
+        let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
+        match nq - g0 {
+            1 => M::mix::<1>(pp, p_stride, vals, stride, nk, d, oo),
+            2 => M::mix::<2>(pp, p_stride, vals, stride, nk, d, oo),
+            3 => M::mix::<3>(pp, p_stride, vals, stride, nk, d, oo),
+            _ => M::mix::<4>(pp, p_stride, vals, stride, nk, d, oo),
+        }
+        g0 += 4;
+    }
+}
+
 /// Scalar reference of [`mix_rows`] (same contract, unchecked): f32 values, or f16 ones.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn mix_scalar<const F16: bool>(

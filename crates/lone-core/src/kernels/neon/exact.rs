@@ -120,6 +120,25 @@ pub(in crate::kernels) unsafe fn widen(q: int8x16_t) -> [float32x4_t; 4] {
     ]
 }
 
+/// `acc[t][u] += w_u · x[t][at + 4u..]` for the 16 weights `w = f(widen(q))` (the scale and
+/// offset applied as the reference dequantizer applies them).
+#[inline(always)]
+unsafe fn fma16<const NX: usize>(
+    acc: &mut [[float32x4_t; 4]; NX],
+    q: int8x16_t,
+    f: impl Fn(float32x4_t) -> float32x4_t,
+    xs: &[*const f32; NX],
+    at: usize,
+) {
+    let qf = widen(q);
+    for u in 0..4 {
+        let wv = f(qf[u]);
+        for t in 0..NX {
+            acc[t][u] = vfmaq_f32(acc[t][u], wv, vld1q_f32(xs[t].add(at + 4 * u)));
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn hsum4(acc: [float32x4_t; 4]) -> f32 {
     vaddvq_f32(vaddq_f32(
@@ -141,17 +160,14 @@ unsafe fn legacy_exact_n<W: LegacyW, const NX: usize>(a: &MatArgs) {
             let dm = W::scales(blk);
             let (dv, mv) = (vdupq_lane_f32::<0>(dm), vdupq_lane_f32::<1>(dm));
             for h in 0..2 {
-                let f = widen(q[h]);
-                for u in 0..4 {
-                    let mut wv = vmulq_f32(f[u], dv);
+                let f = |v| {
                     if W::MIN {
-                        wv = vaddq_f32(wv, mv);
+                        vaddq_f32(vmulq_f32(v, dv), mv)
+                    } else {
+                        vmulq_f32(v, dv)
                     }
-                    for t in 0..NX {
-                        let x = vld1q_f32(xs[t].add(b * 32 + 16 * h + 4 * u));
-                        acc[t][u] = vfmaq_f32(acc[t][u], wv, x);
-                    }
-                }
+                };
+                fma16(&mut acc, q[h], f, &xs, b * 32 + 16 * h);
             }
         }
         for t in 0..NX {
@@ -351,18 +367,15 @@ unsafe fn k_exact_n<K: KExact, const NX: usize>(a: &MatArgs) {
         for b in 0..nb {
             K::decode(w.add(b * K::BB), &mut q, &mut dl, &mut ml);
             for g in 0..16 {
-                let f = widen(q[g]);
                 let (dv, mv) = (vdupq_n_f32(dl[g]), vdupq_n_f32(ml[g]));
-                for u in 0..4 {
-                    let mut wv = vmulq_f32(f[u], dv);
+                let f = |v| {
                     if K::MIN {
-                        wv = vsubq_f32(wv, mv);
+                        vsubq_f32(vmulq_f32(v, dv), mv)
+                    } else {
+                        vmulq_f32(v, dv)
                     }
-                    for t in 0..NX {
-                        let x = vld1q_f32(xs[t].add(b * 256 + 16 * g + 4 * u));
-                        acc[t][u] = vfmaq_f32(acc[t][u], wv, x);
-                    }
-                }
+                };
+                fma16(&mut acc, q[g], f, &xs, b * 256 + 16 * g);
             }
         }
         for t in 0..NX {

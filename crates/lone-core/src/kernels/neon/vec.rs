@@ -1,7 +1,7 @@
 //! Vector primitives on NEON: `exp` (softmax) and attention's weighted sums of value rows.
 
 use super::*;
-use crate::kernels::vecops::EXP_POLY;
+use crate::kernels::vecops::{mix_by_4, MixG, EXP_POLY};
 
 /// `e^x` on 4 lanes: x86's `exp8` on NEON — the same range reduction (x = n·ln2 + r, two-part
 /// ln2), the same degree-7 polynomial, `2^n` from exponent bits in two halves.
@@ -124,9 +124,44 @@ unsafe fn mix_q8_g<const G: usize>(
     }
 }
 
+/// [`mix_g`] as a [`MixG`].
+struct Mix<W>(core::marker::PhantomData<W>);
+/// [`mix_q8_g`] as a [`MixG`].
+struct MixQ8;
+
+impl<W: FloatW> MixG for Mix<W> {
+    #[inline(always)]
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        mix_g::<W, G>(p, p_stride, vals, stride, nk, d, out)
+    }
+}
+
+impl MixG for MixQ8 {
+    #[inline(always)]
+    unsafe fn mix<const G: usize>(
+        p: *const f32,
+        p_stride: usize,
+        vals: *const u8,
+        stride: usize,
+        nk: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        mix_q8_g::<G>(p, p_stride, vals, stride, nk, d, out)
+    }
+}
+
 macro_rules! mix_entry {
-    ($name:ident, $g:ident $(, $W:ty)?) => {
-        /// `vecops::mix_rows` over raw rows (its contract, unchecked), 4 weight rows at a time.
+    ($name:ident, $M:ty) => {
+        /// `vecops::mix_rows` over raw rows (its contract, unchecked).
         #[allow(clippy::too_many_arguments)]
         pub(in crate::kernels) unsafe fn $name(
             p: *const f32,
@@ -138,21 +173,11 @@ macro_rules! mix_entry {
             d: usize,
             out: *mut f32,
         ) {
-            let mut g0 = 0;
-            while g0 < nq {
-                let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
-                match nq - g0 {
-                    1 => $g::<$($W,)? 1>(pp, p_stride, vals, stride, nk, d, oo),
-                    2 => $g::<$($W,)? 2>(pp, p_stride, vals, stride, nk, d, oo),
-                    3 => $g::<$($W,)? 3>(pp, p_stride, vals, stride, nk, d, oo),
-                    _ => $g::<$($W,)? 4>(pp, p_stride, vals, stride, nk, d, oo),
-                }
-                g0 += 4;
-            }
+            mix_by_4::<$M>(p, p_stride, nq, vals, stride, nk, d, out)
         }
     };
 }
 
-mix_entry!(mix, mix_g, WF32);
-mix_entry!(mix_f16, mix_g, WF16);
-mix_entry!(mix_q8, mix_q8_g);
+mix_entry!(mix, Mix<WF32>);
+mix_entry!(mix_f16, Mix<WF16>);
+mix_entry!(mix_q8, MixQ8);

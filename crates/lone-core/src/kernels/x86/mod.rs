@@ -29,6 +29,7 @@
 
 use core::arch::x86_64::*;
 
+use super::vecops::{mix_by_4, MixG};
 use super::{GemmArgs, MatArgs};
 use crate::quant::reference_blocks as rb;
 
@@ -119,7 +120,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<MixFloat<$V, WF32>>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_by_4::<MixFloat<$V, WF32>>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
@@ -133,7 +134,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<MixFloat<$V, WF16>>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_by_4::<MixFloat<$V, WF16>>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
@@ -147,7 +148,7 @@ macro_rules! level {
                 d: usize,
                 out: *mut f32,
             ) {
-                mix_rows::<MixQ8>(p, p_stride, nq, vals, stride, nk, d, out)
+                mix_by_4::<MixQ8>(p, p_stride, nq, vals, stride, nk, d, out)
             }
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {

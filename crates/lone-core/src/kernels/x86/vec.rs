@@ -265,18 +265,6 @@ pub(in crate::kernels) unsafe fn mix_q8_v<const G: usize>(
     }
 }
 
-/// A weighted sum of value rows for `G` weight rows at once ([`mix_v`], [`mix_q8_v`]).
-pub(in crate::kernels) trait MixG {
-    unsafe fn mix<const G: usize>(
-        p: *const f32,
-        p_stride: usize,
-        vals: *const u8,
-        stride: usize,
-        nk: usize,
-        d: usize,
-        out: *mut f32,
-    );
-}
 /// Float value rows loaded as `W`, `V` lanes at a time.
 pub(in crate::kernels) struct MixFloat<V, W>(core::marker::PhantomData<(V, W)>);
 /// Q8_0 value rows.
@@ -307,32 +295,6 @@ impl MixG for MixQ8 {
         out: *mut f32,
     ) {
         mix_q8_v::<G>(p, p_stride, vals, stride, nk, d, out)
-    }
-}
-
-/// [`MixG`] for any number of weight rows, 4 at a time.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::kernels) unsafe fn mix_rows<M: MixG>(
-    p: *const f32,
-    p_stride: usize,
-    nq: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut g0 = 0;
-    while g0 < nq {
-        let (pp, oo) = (p.add(g0 * p_stride), out.add(g0 * d));
-        match nq - g0 {
-            1 => M::mix::<1>(pp, p_stride, vals, stride, nk, d, oo),
-            2 => M::mix::<2>(pp, p_stride, vals, stride, nk, d, oo),
-            3 => M::mix::<3>(pp, p_stride, vals, stride, nk, d, oo),
-            _ => M::mix::<4>(pp, p_stride, vals, stride, nk, d, oo),
-        }
-        g0 += 4;
     }
 }
 
