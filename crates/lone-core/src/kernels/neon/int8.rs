@@ -238,12 +238,7 @@ unsafe fn q45k_8bit_n<D: Dot, const FIVE: bool, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 pub(in crate::kernels) unsafe fn q45k_8bit<D: Dot, const FIVE: bool>(a: &MatArgs) {
-    match a.nx {
-        1 => q45k_8bit_n::<D, FIVE, 1>(a),
-        2 => q45k_8bit_n::<D, FIVE, 2>(a),
-        3 => q45k_8bit_n::<D, FIVE, 3>(a),
-        _ => q45k_8bit_n::<D, FIVE, 4>(a),
-    }
+    by_nx!(a, q45k_8bit_n, D; FIVE)
 }
 
 /// Q6_K weights × Q8_K activation rows: codes `q` (6 bits, 0..64) with 16 signed scales of
@@ -376,10 +371,5 @@ unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
 
 #[inline(always)]
 pub(in crate::kernels) unsafe fn q23k_8bit<D: Dot, const THREE: bool>(a: &MatArgs) {
-    match a.nx {
-        1 => q23k_8bit_n::<D, THREE, 1>(a),
-        2 => q23k_8bit_n::<D, THREE, 2>(a),
-        3 => q23k_8bit_n::<D, THREE, 3>(a),
-        _ => q23k_8bit_n::<D, THREE, 4>(a),
-    }
+    by_nx!(a, q23k_8bit_n, D; THREE)
 }

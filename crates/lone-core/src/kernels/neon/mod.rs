@@ -29,14 +29,15 @@ use core::arch::asm;
 use super::{MatArgs, MatFn};
 use crate::tensor::DType;
 
-/// `f::<G…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the const `NX`.
+/// `f::<G…, C…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the last
+/// const `NX`; constants after a `;` come before it.
 macro_rules! by_nx {
-    ($a:expr, $f:ident $(, $g:ty)*) => {
+    ($a:expr, $f:ident $(, $g:ty)* $(; $c:expr)*) => {
         match $a.nx {
-            1 => $f::<$($g,)* 1>($a),
-            2 => $f::<$($g,)* 2>($a),
-            3 => $f::<$($g,)* 3>($a),
-            _ => $f::<$($g,)* 4>($a),
+            1 => $f::<$($g,)* $({ $c },)* 1>($a),
+            2 => $f::<$($g,)* $({ $c },)* 2>($a),
+            3 => $f::<$($g,)* $({ $c },)* 3>($a),
+            _ => $f::<$($g,)* $({ $c },)* 4>($a),
         }
     };
 }
