@@ -1,17 +1,20 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
-//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K; the x86 8-bit matrix-vector kernels
-//! `q4_0_x8` …): the rows are taken in groups of 8, and each group's blocks are stored block
+//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K: the 8-bit matrix-vector kernels of
+//! x86's VNNI levels, `q4_0_x8` …, and aarch64's dotprod level, `neon::rows8`; Q6_K: the
+//! latter's only): the rows are taken in groups of 8, and each group's blocks are stored block
 //! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (Q4_K: its
 //! dmins; 16 bytes), for Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see
 //! [`high_bits_by_chunk`]), for Q4_K the three 32-bit words of its packed 6-bit scales and
 //! mins (3 × 32 bytes: word `w` of row 0, …, of row 7), then the 8 rows' quant bytes (16,
 //! Q8_0's 32, Q4_K's 128) in chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0,
-//! then of row 1, …, of row 7. A group takes exactly the bytes its 8 rows took, so row `r` of
+//! then of row 1, …, of row 7. Q6_K: the 8 rows' d, their 16 scales as 4 words each (word
+//! `w` of the 8 rows, then word `w + 1`), then the chunks of `ql` (32) and of `qh` (16). A group takes exactly the bytes its 8 rows took, so row `r` of
 //! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
 //! stay as they were stored.
 
+use super::MatArgs;
 use crate::tensor::{DType, Tensor};
 
 /// Rows per packed group.
@@ -63,6 +66,8 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
     const Q5_0: &[Unit] = &[f16s(0, 1), Unit { at: 2, ..QH }, words(6, 4)];
     const Q5_1: &[Unit] = &[f16s(0, 2), Unit { at: 4, ..QH }, words(8, 4)];
     const Q4_K: &[Unit] = &[f16s(0, 2), words(4, 35)];
+    // d, the 16 scales (4 words), ql (32 words), qh (16 words): aarch64's dotprod kernel.
+    const Q6_K: &[Unit] = &[f16s(208, 1), words(192, 4), words(0, 32), words(128, 16)];
     Some(match dtype {
         DType::Q4_0 => Q4_0,
         DType::Q8_0 => Q8_0,
@@ -70,6 +75,7 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
         DType::Q5_0 => Q5_0,
         DType::Q5_1 => Q5_1,
         DType::Q4K => Q4_K,
+        DType::Q6K => Q6_K,
         _ => return None,
     })
 }
@@ -120,7 +126,7 @@ pub(crate) fn rows_by_8(t: &Tensor) -> Vec<u8> {
 /// Panics if `dtype` is not a format [`packs`] takes, or `data` is not whole rows of whole
 /// blocks, or `out` is not as long.
 pub(crate) fn rows_by_8_into(dtype: DType, k: usize, data: &[u8], out: &mut [u8]) {
-    let units = units(dtype).expect("rows_by_8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q4_K");
+    let units = units(dtype).expect("rows_by_8: a format `packs` takes");
     let bb = dtype.block_bytes();
     let nb = k / dtype.block_size();
     let rb = nb * bb;
@@ -242,17 +248,39 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
     }
 }
 
+/// The rows of `a` past its last whole group of 8 (stored as they were: the packed kernels
+/// hand them to a row-by-row kernel), if any.
+///
+/// # Safety
+/// `a` is a kernel call's arguments (the [`super::MatFn`] contract).
+#[inline(always)]
+pub(crate) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
+    let r = a.rows / 8 * 8;
+    if r == a.rows {
+        return None;
+    }
+    Some(MatArgs {
+        // SAFETY: rows r.. of the call's weights (r < rows) lie inside them.
+        w: unsafe { a.w.add(r * a.w_stride) },
+        rows: a.rows - r,
+        // SAFETY: as above, outputs r.. of the call's first activation row.
+        out: unsafe { a.out.add(r) },
+        ..*a
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const PACKED: [DType; 6] = [
+    const PACKED: [DType; 7] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
         DType::Q4K,
+        DType::Q6K,
     ];
 
     /// Packing is a permutation of whole fields: unpacking gives the stored bytes back, and
@@ -261,7 +289,7 @@ mod tests {
     fn rows_by_8_is_a_lossless_permutation() {
         for dtype in PACKED {
             for rows in [1usize, 8, 13, 24] {
-                let k = if dtype == DType::Q4K { 512 } else { 96 };
+                let k = if dtype.block_size() == 256 { 512 } else { 96 };
                 let bytes: Vec<u8> = (0..rows * dtype.bytes_for(k).unwrap())
                     .map(|i| (i * 131 % 251) as u8)
                     .collect();
@@ -283,8 +311,10 @@ mod tests {
                 }
                 if rows >= 8 {
                     let rb = dtype.bytes_for(k).unwrap();
+                    // Q6_K's d is its block's last field.
+                    let d = if dtype == DType::Q6K { 208 } else { 0 };
                     for r in 0..8 {
-                        assert_eq!(p[2 * r..2 * r + 2], bytes[r * rb..r * rb + 2]);
+                        assert_eq!(p[2 * r..2 * r + 2], bytes[r * rb + d..r * rb + d + 2]);
                     }
                     assert_ne!(p, bytes);
                 }
@@ -305,7 +335,7 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "{dtype}");
         }
-        assert!(!packs(DType::Q6K) && !packs(DType::F16));
+        assert!(!packs(DType::Q5K) && !packs(DType::F16));
     }
 
     /// The rearranged high bits say, byte by byte, what the module docs say: for every

@@ -266,7 +266,19 @@ macro_rules! arm {
     ($name:ident, 8bit: $act:ident) => {
         neon::ArmKernels {
             exact: neon::ex::$name,
-            fast: Some(([neon::neon::$name, neon::dot::$name], DType::$act)),
+            fast: Some((
+                [(neon::base::$name, false), (neon::dot::$name, false)],
+                DType::$act,
+            )),
+        }
+    };
+    ($name:ident, 8bit: $act:ident, rows8) => {
+        neon::ArmKernels {
+            exact: neon::ex::$name,
+            fast: Some((
+                [(neon::base::$name, false), (neon::dot::$name, true)],
+                DType::$act,
+            )),
         }
     };
 }
@@ -300,22 +312,22 @@ pub(super) const FORMATS: &[Format] = &[
         arm: bf16),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
         fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true)),
-        arm: q4_0, 8bit: Q8_1),
+        arm: q4_0, 8bit: Q8_1, rows8),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
         fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true)),
-        arm: q4_1, 8bit: Q8_1),
+        arm: q4_1, 8bit: Q8_1, rows8),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
         fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true)),
-        arm: q5_0, 8bit: Q8_1),
+        arm: q5_0, 8bit: Q8_1, rows8),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
         fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true)),
-        arm: q5_1, 8bit: Q8_1),
+        arm: q5_1, 8bit: Q8_1, rows8),
     // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
-        arm: q8_0, 8bit: Q8_1),
+        arm: q8_0, 8bit: Q8_1, rows8),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
         arm: q2_k, 8bit: Q8K),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
@@ -328,7 +340,7 @@ pub(super) const FORMATS: &[Format] = &[
         arm: q5_k, 8bit: Q8K),
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
-        arm: q6_k, 8bit: Q8K),
+        arm: q6_k, 8bit: Q8K, rows8),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -489,9 +501,9 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
 #[cfg(target_arch = "aarch64")]
 pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
     let k = &format_of(dtype)?.arm;
-    let (f, act) = match (fast_act, k.fast) {
+    let ((f, packed), act) = match (fast_act, k.fast) {
         (Some(ad), Some((fast, _))) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
-        _ => (k.exact, Act::F32),
+        _ => ((k.exact, false), Act::F32),
     };
     Some(Kernel {
         f,
@@ -499,7 +511,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         gemm: None,
         igemm: false,
         bgemm: false,
-        packed: false,
+        packed,
         isa,
     })
 }

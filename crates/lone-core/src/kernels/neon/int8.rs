@@ -48,7 +48,7 @@ impl Dot for Sdot {
 }
 
 /// Bytes of a Q8_1 activation block (f16 d, f16 s, 32 codes).
-const Q8_1_BB: usize = 36;
+pub(super) const Q8_1_BB: usize = 36;
 
 /// The four f16 `d` of blocks `blk` as f32, and for the formats with an offset their four `m`.
 #[inline(always)]
@@ -86,7 +86,7 @@ unsafe fn scales4<W: LegacyW>(blk: &[*const u8; 4]) -> (float32x4_t, float32x4_t
 /// the rows past a multiple of 4 compute exactly that one row at a time, so a row's result
 /// depends neither on the tile it falls in nor on how many activation rows come with it.
 #[inline(always)]
-unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
+pub(super) unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 32;
     let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
     let sides: [*const f32; NX] = core::array::from_fn(|t| xs[t].add(nb * Q8_1_BB) as *const f32);
@@ -161,7 +161,7 @@ pub(in crate::kernels) unsafe fn legacy_8bit<D: Dot, W: LegacyW>(a: &MatArgs) {
 }
 
 /// Bytes of a Q8_K activation block: f32 d, 256 codes, 16 i16 sums of 16 codes.
-const Q8K_BB: usize = 292;
+pub(super) const Q8K_BB: usize = 292;
 
 /// The Q8_K block `b` of an activation row: (d, codes, sums of 16).
 #[inline(always)]
@@ -244,7 +244,7 @@ pub(in crate::kernels) unsafe fn q45k_8bit<D: Dot, const FIVE: bool>(a: &MatArgs
 /// Q6_K weights × Q8_K activation rows: codes `q` (6 bits, 0..64) with 16 signed scales of
 /// 16 elements: `Σ w·x = d·dx·(Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·Σx)`.
 #[inline(always)]
-unsafe fn q6k_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
+pub(super) unsafe fn q6k_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 256;
     let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
     for r in 0..a.rows {
@@ -299,7 +299,9 @@ unsafe fn q6k_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
                 for g in 0..16 {
                     offs += sc[g] * i32::from(bs.add(g).read_unaligned());
                 }
-                acc[t] += d * dx * (vaddvq_s32(isum[t]) - 32 * offs) as f32;
+                // The chain of the rows-by-8 kernel (`rows8`): one FMA per block.
+                let s = (vaddvq_s32(isum[t]) - 32 * offs) as f32;
+                acc[t] = s.mul_add(d * dx, acc[t]);
             }
         }
         for t in 0..NX {

@@ -11,7 +11,9 @@
 //! - for the formats llama.cpp pairs with 8-bit activations (here Q2_K and Q3_K too), an
 //!   **8-bit** matrix-vector kernel
 //!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
-//!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod.
+//!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod;
+//!   at the dotprod level the formats with a rows-by-8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//!   Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows).
 //!
 //! The bodies are `#[inline(always)]` generics instantiated in the entry points below (the
 //! dotprod ones inside `#[target_feature(enable = "dotprod")]`). `sdot` is emitted with
@@ -45,20 +47,23 @@ macro_rules! by_nx {
 mod exact;
 mod float;
 mod int8;
+mod rows8;
 pub(in crate::kernels) mod vec;
 
 use exact::*;
 use float::*;
 use int8::*;
+use rows8::*;
 
 /// One format's aarch64 kernels (its entry in `table::FORMATS`).
 pub(in crate::kernels) struct ArmKernels {
     /// The exact matrix-vector kernel (f32 activations), both levels.
     pub(in crate::kernels) exact: MatFn,
-    /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], and the activation format they
-    /// take: llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants,
-    /// Q2_K and Q3_K included, which have no 8-bit kernels on x86).
-    pub(in crate::kernels) fast: Option<([MatFn; 2], DType)>,
+    /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], each with whether it reads
+    /// the rows-by-8 layout ([`crate::kernels::packed`]), and the activation format they take:
+    /// llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants, Q2_K and
+    /// Q3_K included, which have no 8-bit kernels on x86).
+    pub(in crate::kernels) fast: Option<([(MatFn, bool); 2], DType)>,
 }
 
 /// IEEE half bits → f32 (`fcvt`, part of the ARMv8.0 floating point baseline).
@@ -136,24 +141,34 @@ pub(in crate::kernels) mod ex {
     entry!(q6_k, k_exact::<KQ6>);
 }
 
-/// The 8-bit kernels of one level, over the dot product `$D`.
-macro_rules! fast_level {
-    ($m:ident, $D:ty $(, $features:literal)?) => {
-        pub(in crate::kernels) mod $m {
-            use super::*;
-            entry!(q4_0 $(, $features)?, legacy_8bit::<$D, WQ4_0>);
-            entry!(q4_1 $(, $features)?, legacy_8bit::<$D, WQ4_1>);
-            entry!(q5_0 $(, $features)?, legacy_8bit::<$D, WQ5_0>);
-            entry!(q5_1 $(, $features)?, legacy_8bit::<$D, WQ5_1>);
-            entry!(q8_0 $(, $features)?, legacy_8bit::<$D, WQ8_0>);
-            entry!(q2_k $(, $features)?, q23k_8bit::<$D, false>);
-            entry!(q3_k $(, $features)?, q23k_8bit::<$D, true>);
-            entry!(q4_k $(, $features)?, q45k_8bit::<$D, false>);
-            entry!(q5_k $(, $features)?, q45k_8bit::<$D, true>);
-            entry!(q6_k $(, $features)?, q6k_8bit::<$D>);
-        }
-    };
+/// The 8-bit kernels of the NEON level (`smull`), every format with an 8-bit activation
+/// format.
+pub(in crate::kernels) mod base {
+    use super::*;
+    entry!(q4_0, legacy_8bit::<Smull, WQ4_0>);
+    entry!(q4_1, legacy_8bit::<Smull, WQ4_1>);
+    entry!(q5_0, legacy_8bit::<Smull, WQ5_0>);
+    entry!(q5_1, legacy_8bit::<Smull, WQ5_1>);
+    entry!(q8_0, legacy_8bit::<Smull, WQ8_0>);
+    entry!(q2_k, q23k_8bit::<Smull, false>);
+    entry!(q3_k, q23k_8bit::<Smull, true>);
+    entry!(q4_k, q45k_8bit::<Smull, false>);
+    entry!(q5_k, q45k_8bit::<Smull, true>);
+    entry!(q6_k, q6k_8bit::<Smull>);
 }
 
-fast_level!(neon, Smull);
-fast_level!(dot, Sdot, "dotprod");
+/// The 8-bit kernels of the dotprod level (`sdot`): over the rows-by-8 layout (`rows8`)
+/// where the format has one, row by row for the others.
+pub(in crate::kernels) mod dot {
+    use super::*;
+    entry!(q4_0, "dotprod", legacy_rows8::<WQ4_0>);
+    entry!(q4_1, "dotprod", legacy_rows8::<WQ4_1>);
+    entry!(q5_0, "dotprod", legacy_rows8::<WQ5_0>);
+    entry!(q5_1, "dotprod", legacy_rows8::<WQ5_1>);
+    entry!(q8_0, "dotprod", legacy_rows8::<WQ8_0>);
+    entry!(q2_k, "dotprod", q23k_8bit::<Sdot, false>);
+    entry!(q3_k, "dotprod", q23k_8bit::<Sdot, true>);
+    entry!(q4_k, "dotprod", q45k_8bit::<Sdot, false>);
+    entry!(q5_k, "dotprod", q45k_8bit::<Sdot, true>);
+    entry!(q6_k, "dotprod", q6k_rows8);
+}

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::kernels::matmul::Q8_1_SIDE;
+pub(in crate::kernels) use crate::kernels::packed::rows_past_groups;
 
 pub(in crate::kernels) trait IDot {
     /// Per i32 lane: the sum of 4 products of unsigned bytes of `a` and signed bytes of `b`.
@@ -446,22 +447,6 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
     if let Some(rest) = rows_past_groups(a) {
         legacy_rows_n::<D, W, NX, PREFETCH>(&rest);
     }
-}
-
-/// The rows of `a` past its last whole group of 8 (stored as they were: the packed kernels
-/// hand them to a row-by-row kernel), if any.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
-    let r = a.rows / 8 * 8;
-    if r == a.rows {
-        return None;
-    }
-    Some(MatArgs {
-        w: a.w.add(r * a.w_stride),
-        rows: a.rows - r,
-        out: a.out.add(r),
-        ..*a
-    })
 }
 
 #[inline(always)]
