@@ -15,13 +15,82 @@ pub(super) struct VecFns {
     pub(super) mix_f16: MixFn,
     /// Q8_0 values (whole blocks).
     pub(super) mix_q8: MixFn,
-    /// The 8-bit activation quantizers, where the ISA has them (see
-    /// `x86::quantize_q8_avx2`; false: take the reference).
+    /// The 8-bit activation quantizers, where the ISA has them ([`quantize_q8_by`]; false:
+    /// take the reference).
     pub(super) quant8: Option<Quant8Fn>,
 }
 
-/// `(format, values, blocks, Q8_1 sums) -> written`: see `x86::quantize_q8_avx2`.
+/// `(format, values, blocks, Q8_1 sums) -> written`: see [`quantize_q8_by`].
 pub(super) type Quant8Fn = unsafe fn(DType, &[f32], &mut [u8], &mut [u8]) -> bool;
+
+/// A family's 8-bit activation blocks, bit for bit ggml's reference quantizers
+/// (`quant::quantize_row`), which the tests check.
+pub(in crate::kernels) trait Q8Blocks {
+    /// One Q8_0/Q8_1 block of 32 values at `x` (d = max|x| / 127, codes rounded half away
+    /// from zero): the codes to `q`, returns (d, Σq); None for a block with a NaN or an
+    /// infinity (nothing written).
+    unsafe fn block32(x: *const f32, q: *mut u8) -> Option<(f32, i32)>;
+    /// One Q8_K block of 256 values to `b` (292 bytes: d = max / -127 for the first value of
+    /// largest magnitude, codes rounded to nearest even, at most 127, sums of each 16);
+    /// false for a block with a NaN or an infinity.
+    unsafe fn block256(x: *const f32, b: *mut u8) -> bool;
+}
+
+/// `blocks` ← `x` quantized to `ad` (Q8_0, Q8_1 or Q8_K), as `quant::quantize_row` writes it;
+/// for Q8_1, `sums` (empty, or two f32 per block, [`Q8_1_SIDE`] bytes) ← d·Σq and d, with d as
+/// stored (f16). Blocks with a
+/// non-finite value are left for the caller: returns false when any block was not written
+/// (or `ad` is another format, or the sizes do not match).
+/// One body for every family, over its [`Q8Blocks`].
+///
+/// # Safety
+/// The CPU runs `B`'s instructions.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn quantize_q8_by<B: Q8Blocks>(
+    ad: DType,
+    x: &[f32],
+    blocks: &mut [u8],
+    sums: &mut [u8],
+) -> bool {
+    let (bs, bb) = match ad {
+        DType::Q8_0 => (32, 34),
+        DType::Q8_1 => (32, 36),
+        DType::Q8K => (256, 292),
+        _ => return false,
+    };
+    let nb = x.len() / bs;
+    if !x.len().is_multiple_of(bs)
+        || blocks.len() != nb * bb
+        || !(sums.is_empty() || (ad == DType::Q8_1 && sums.len() == Q8_1_SIDE * nb))
+    {
+        return false;
+    }
+    let mut all = true;
+    for i in 0..nb {
+        // SAFETY: block i's bs values and bb bytes are in bounds (sizes checked above).
+        let (xp, bp) = (x.as_ptr().add(i * bs), blocks.as_mut_ptr().add(i * bb));
+        match ad {
+            DType::Q8K => all &= B::block256(xp, bp),
+            _ => {
+                let q = bp.add(if ad == DType::Q8_1 { 4 } else { 2 });
+                let Some((d, sq)) = B::block32(xp, q) else {
+                    all = false;
+                    continue;
+                };
+                let d16 = half::f16::from_f32(d);
+                core::ptr::copy_nonoverlapping(d16.to_le_bytes().as_ptr(), bp, 2);
+                if ad == DType::Q8_1 {
+                    let s16 = half::f16::from_f32(sq as f32 * d).to_le_bytes();
+                    core::ptr::copy_nonoverlapping(s16.as_ptr(), bp.add(2), 2);
+                    if !sums.is_empty() {
+                        side_q8_1(&mut sums[Q8_1_SIDE * i..Q8_1_SIDE * (i + 1)], d16, sq);
+                    }
+                }
+            }
+        }
+    }
+    all
+}
 
 /// `e^r` on |r| ≤ ln2/2: Horner coefficients of its degree-7 Taylor polynomial (truncation
 /// error < 1e-8 relative), highest degree first; every family's SIMD `exp` uses them.
@@ -64,7 +133,7 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             mix: neon::vec::mix,
             mix_f16: neon::vec::mix_f16,
             mix_q8: neon::vec::mix_q8,
-            quant8: None,
+            quant8: Some(neon::vec::quantize_q8),
         },
         _ => VecFns {
             exp: exp_scalar,

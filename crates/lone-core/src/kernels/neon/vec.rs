@@ -1,7 +1,7 @@
 //! Vector primitives on NEON: `exp` (softmax) and attention's weighted sums of value rows.
 
 use super::*;
-use crate::kernels::vecops::{mix_by_4, MixG, EXP_POLY};
+use crate::kernels::vecops::{mix_by_4, quantize_q8_by, MixG, Q8Blocks, EXP_POLY};
 
 /// `e^x` on 4 lanes: x86's `exp8` on NEON — the same range reduction (x = n·ln2 + r, two-part
 /// ln2), the same degree-7 polynomial, `2^n` from exponent bits in two halves.
@@ -181,3 +181,107 @@ macro_rules! mix_entry {
 mix_entry!(mix, Mix<WF32>);
 mix_entry!(mix_f16, Mix<WF16>);
 mix_entry!(mix_q8, MixQ8);
+
+/// NEON's blocks for the 8-bit activation quantizers ([`quantize_q8_by`]): `fcvtas` is C's
+/// `roundf` (half away from zero) and `fcvtns` rounds to nearest even, the reference's two
+/// rules, exactly.
+pub(in crate::kernels) struct NeonQ8;
+
+/// |v| of 4 lanes, and all-ones in the lanes that are finite.
+#[inline(always)]
+unsafe fn abs_finite4(v: float32x4_t) -> (float32x4_t, uint32x4_t) {
+    let a = vabsq_f32(v);
+    (a, vcltq_f32(a, vdupq_n_f32(f32::INFINITY)))
+}
+
+/// 16 i32 lanes (each in -128..=127) as 16 bytes.
+#[inline(always)]
+unsafe fn narrow16(q: &[int32x4_t]) -> int8x16_t {
+    let lo = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
+    let hi = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
+    vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi))
+}
+
+impl Q8Blocks for NeonQ8 {
+    #[inline(always)]
+    unsafe fn block32(x: *const f32, q: *mut u8) -> Option<(f32, i32)> {
+        let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(x.add(4 * i)));
+        let mut m = vdupq_n_f32(0.0);
+        let mut ok = vdupq_n_u32(u32::MAX);
+        for vi in v {
+            let (a, fin) = abs_finite4(vi);
+            m = vmaxq_f32(m, a);
+            ok = vandq_u32(ok, fin);
+        }
+        if vminvq_u32(ok) == 0 {
+            return None;
+        }
+        let d = vmaxvq_f32(m) / 127.0;
+        let id = vdupq_n_f32(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let qi: [int32x4_t; 8] = core::array::from_fn(|i| vcvtaq_s32_f32(vmulq_f32(v[i], id)));
+        vst1q_s8(q as *mut i8, narrow16(&qi[..4]));
+        vst1q_s8(q.add(16) as *mut i8, narrow16(&qi[4..]));
+        let s = vaddq_s32(
+            vaddq_s32(vaddq_s32(qi[0], qi[1]), vaddq_s32(qi[2], qi[3])),
+            vaddq_s32(vaddq_s32(qi[4], qi[5]), vaddq_s32(qi[6], qi[7])),
+        );
+        Some((d, vaddvq_s32(s)))
+    }
+
+    #[inline(always)]
+    unsafe fn block256(x: *const f32, b: *mut u8) -> bool {
+        let mut m = vdupq_n_f32(0.0);
+        let mut ok = vdupq_n_u32(u32::MAX);
+        for i in 0..64 {
+            let (a, fin) = abs_finite4(vld1q_f32(x.add(4 * i)));
+            m = vmaxq_f32(m, a);
+            ok = vandq_u32(ok, fin);
+        }
+        if vminvq_u32(ok) == 0 {
+            return false;
+        }
+        let amax = vmaxvq_f32(m);
+        if amax == 0.0 {
+            core::ptr::write_bytes(b, 0, 292);
+            return true;
+        }
+        // The first element whose magnitude is amax (the reference's strict `>` keeps it).
+        let mut max = 0.0;
+        for i in 0..256 {
+            if (*x.add(i)).abs() == amax {
+                max = *x.add(i);
+                break;
+            }
+        }
+        let iscale = -127.0f32 / max;
+        core::ptr::copy_nonoverlapping((1.0 / iscale).to_le_bytes().as_ptr(), b, 4);
+        let s = vdupq_n_f32(iscale);
+        let top = vdupq_n_s32(127);
+        for c in 0..16 {
+            let qi: [int32x4_t; 4] = core::array::from_fn(|i| {
+                vminq_s32(
+                    vcvtnq_s32_f32(vmulq_f32(s, vld1q_f32(x.add(16 * c + 4 * i)))),
+                    top,
+                )
+            });
+            vst1q_s8(b.add(4 + 16 * c) as *mut i8, narrow16(&qi));
+            let sum = vaddvq_s32(vaddq_s32(vaddq_s32(qi[0], qi[1]), vaddq_s32(qi[2], qi[3])));
+            core::ptr::copy_nonoverlapping(
+                (sum as i16).to_le_bytes().as_ptr(),
+                b.add(260 + 2 * c),
+                2,
+            );
+        }
+        true
+    }
+}
+
+/// [`quantize_q8_by`] on NEON (the aarch64 baseline).
+pub(in crate::kernels) unsafe fn quantize_q8(
+    ad: DType,
+    x: &[f32],
+    blocks: &mut [u8],
+    sums: &mut [u8],
+) -> bool {
+    quantize_q8_by::<NeonQ8>(ad, x, blocks, sums)
+}

@@ -4,7 +4,7 @@
 //! runs it when this returns false).
 
 use super::*;
-use crate::kernels::matmul::{side_q8_1, Q8_1_SIDE};
+use crate::kernels::vecops::{quantize_q8_by, Q8Blocks};
 use crate::tensor::DType;
 
 /// `round_away(p)` of `quant::legacy` (C's `roundf`) on 8 lanes: truncate, then step away
@@ -141,11 +141,21 @@ unsafe fn block256(x: *const f32, b: *mut u8) -> bool {
     true
 }
 
-/// `blocks` ← `x` quantized to `ad` (Q8_0, Q8_1 or Q8_K), as `quant::quantize_row` writes it;
-/// for Q8_1, `sums` (empty, or two f32 per block, [`Q8_1_SIDE`] bytes) ← d·Σq and d, with d as
-/// stored (f16). Blocks with a
-/// non-finite value are left for the caller: returns false when any block was not written
-/// (or `ad` is another format, or the sizes do not match).
+/// AVX2's blocks for [`quantize_q8_by`].
+pub(in crate::kernels) struct Avx2Q8;
+
+impl Q8Blocks for Avx2Q8 {
+    #[inline(always)]
+    unsafe fn block32(x: *const f32, q: *mut u8) -> Option<(f32, i32)> {
+        block32(x, q)
+    }
+    #[inline(always)]
+    unsafe fn block256(x: *const f32, b: *mut u8) -> bool {
+        block256(x, b)
+    }
+}
+
+/// [`quantize_q8_by`] on AVX2.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
@@ -156,42 +166,5 @@ pub(crate) unsafe fn quantize_q8_avx2(
     blocks: &mut [u8],
     sums: &mut [u8],
 ) -> bool {
-    let (bs, bb) = match ad {
-        DType::Q8_0 => (32, 34),
-        DType::Q8_1 => (32, 36),
-        DType::Q8K => (256, 292),
-        _ => return false,
-    };
-    let nb = x.len() / bs;
-    if !x.len().is_multiple_of(bs)
-        || blocks.len() != nb * bb
-        || !(sums.is_empty() || (ad == DType::Q8_1 && sums.len() == Q8_1_SIDE * nb))
-    {
-        return false;
-    }
-    let mut all = true;
-    for i in 0..nb {
-        // SAFETY: block i's bs values and bb bytes are in bounds (sizes checked above).
-        let (xp, bp) = (x.as_ptr().add(i * bs), blocks.as_mut_ptr().add(i * bb));
-        match ad {
-            DType::Q8K => all &= block256(xp, bp),
-            _ => {
-                let q = bp.add(if ad == DType::Q8_1 { 4 } else { 2 });
-                let Some((d, sq)) = block32(xp, q) else {
-                    all = false;
-                    continue;
-                };
-                let d16 = half::f16::from_f32(d);
-                core::ptr::copy_nonoverlapping(d16.to_le_bytes().as_ptr(), bp, 2);
-                if ad == DType::Q8_1 {
-                    let s16 = half::f16::from_f32(sq as f32 * d).to_le_bytes();
-                    core::ptr::copy_nonoverlapping(s16.as_ptr(), bp.add(2), 2);
-                    if !sums.is_empty() {
-                        side_q8_1(&mut sums[Q8_1_SIDE * i..Q8_1_SIDE * (i + 1)], d16, sq);
-                    }
-                }
-            }
-        }
-    }
-    all
+    quantize_q8_by::<Avx2Q8>(ad, x, blocks, sums)
 }
