@@ -3,14 +3,16 @@
 //!
 //! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K: the 8-bit matrix-vector kernels of
 //! x86's VNNI levels, `q4_0_x8` …, and aarch64's dotprod level, `neon::rows8`; Q6_K: the
-//! latter's only): the rows are taken in groups of 8, and each group's blocks are stored block
+//! latter's only, as are Q2_K and Q3_K): the rows are taken in groups of 8, and each group's blocks are stored block
 //! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (Q4_K: its
 //! dmins; 16 bytes), for Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see
 //! [`high_bits_by_chunk`]), for Q4_K the three 32-bit words of its packed 6-bit scales and
 //! mins (3 × 32 bytes: word `w` of row 0, …, of row 7), then the 8 rows' quant bytes (16,
 //! Q8_0's 32, Q4_K's 128) in chunks of 32 bytes, chunk `c` holding bytes `4c..4c+4` of row 0,
-//! then of row 1, …, of row 7. Q6_K: the 8 rows' d, their 16 scales as 4 words each (word
-//! `w` of the 8 rows, then word `w + 1`), then the chunks of `ql` (32) and of `qh` (16). A group takes exactly the bytes its 8 rows took, so row `r` of
+//! then of row 1, …, of row 7. The other K-quants likewise, field by field: Q6_K the 8 rows'
+//! d, their 16 scales as 4 words each (word `w` of the 8 rows, then word `w + 1`), then the
+//! chunks of `ql` (32) and of `qh` (16); Q2_K d, dmin, its 16 scale bytes (4 words), `qs` (16
+//! chunks); Q3_K d, its 12 scale bytes (3 words), `hmask` (8 chunks), `qs` (16). A group takes exactly the bytes its 8 rows took, so row `r` of
 //! a group still starts its group at `r / 8 · 8 · row_bytes`; rows past the last whole group
 //! stay as they were stored.
 
@@ -66,7 +68,11 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
     const Q5_0: &[Unit] = &[f16s(0, 1), Unit { at: 2, ..QH }, words(6, 4)];
     const Q5_1: &[Unit] = &[f16s(0, 2), Unit { at: 4, ..QH }, words(8, 4)];
     const Q4_K: &[Unit] = &[f16s(0, 2), words(4, 35)];
-    // d, the 16 scales (4 words), ql (32 words), qh (16 words): aarch64's dotprod kernel.
+    // aarch64's dotprod kernels only. Q2_K: d, dmin, the 16 scale bytes (4 words), qs (16).
+    const Q2_K: &[Unit] = &[f16s(80, 2), words(0, 4), words(16, 16)];
+    // Q3_K: d, the 12 scale bytes (3 words), hmask (8), qs (16).
+    const Q3_K: &[Unit] = &[f16s(108, 1), words(96, 3), words(0, 8), words(32, 16)];
+    // Q6_K: d, the 16 scales (4 words), ql (32), qh (16).
     const Q6_K: &[Unit] = &[f16s(208, 1), words(192, 4), words(0, 32), words(128, 16)];
     Some(match dtype {
         DType::Q4_0 => Q4_0,
@@ -75,6 +81,8 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
         DType::Q5_0 => Q5_0,
         DType::Q5_1 => Q5_1,
         DType::Q4K => Q4_K,
+        DType::Q2K => Q2_K,
+        DType::Q3K => Q3_K,
         DType::Q6K => Q6_K,
         _ => return None,
     })
@@ -273,7 +281,9 @@ pub(crate) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
 mod tests {
     use super::*;
 
-    const PACKED: [DType; 7] = [
+    const PACKED: [DType; 9] = [
+        DType::Q2K,
+        DType::Q3K,
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -311,8 +321,13 @@ mod tests {
                 }
                 if rows >= 8 {
                     let rb = dtype.bytes_for(k).unwrap();
-                    // Q6_K's d is its block's last field.
-                    let d = if dtype == DType::Q6K { 208 } else { 0 };
+                    // Where each format's d sits in its block.
+                    let d = match dtype {
+                        DType::Q2K => 80,
+                        DType::Q3K => 108,
+                        DType::Q6K => 208,
+                        _ => 0,
+                    };
                     for r in 0..8 {
                         assert_eq!(p[2 * r..2 * r + 2], bytes[r * rb + d..r * rb + d + 2]);
                     }

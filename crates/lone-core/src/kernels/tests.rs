@@ -833,8 +833,8 @@ fn simd_activation_quantizers_are_the_reference() {
 
 /// A kernel that reads the rows-by-8 layout belongs to a format `packed` lays out, and every
 /// format `packed` lays out has such a kernel on x86's VNNI levels or aarch64's dotprod level
-/// (a layout no kernel reads would only cost the copy): on x86 all but Q6_K, on aarch64 all
-/// but Q4_K.
+/// (a layout no kernel reads would only cost the copy): on x86 all but Q2_K, Q3_K and Q6_K,
+/// on aarch64 all but Q4_K.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[test]
 fn packed_kernels_have_a_packed_layout() {
@@ -847,13 +847,17 @@ fn packed_kernels_have_a_packed_layout() {
             if let Some(f) = fast {
                 assert_eq!(f[1].1, f[2].1, "{dtype}");
             }
-            (flags, fast.map(|f| f[2].1), DType::Q6K)
+            (
+                flags,
+                fast.map(|f| f[2].1),
+                &[DType::Q2K, DType::Q3K, DType::Q6K][..],
+            )
         };
         #[cfg(target_arch = "aarch64")]
         let (flags, best, not_here) = {
             let fast = format_of(dtype).and_then(|f| f.arm.fast).map(|(f, _)| f);
             let flags: Vec<bool> = fast.iter().flatten().map(|&(_, p)| p).collect();
-            (flags, fast.map(|f| f[1].1), DType::Q4K)
+            (flags, fast.map(|f| f[1].1), &[DType::Q4K][..])
         };
         for (level, &p) in flags.iter().enumerate() {
             assert!(!p || packed::packs(dtype), "{dtype} level {level}");
@@ -861,12 +865,12 @@ fn packed_kernels_have_a_packed_layout() {
         if let Some(best) = best {
             assert_eq!(
                 best,
-                packed::packs(dtype) && dtype != not_here,
+                packed::packs(dtype) && !not_here.contains(&dtype),
                 "{dtype} on the best level"
             );
         } else {
             assert!(
-                !packed::packs(dtype),
+                !packed::packs(dtype) || not_here.contains(&dtype),
                 "{dtype}: packed without 8-bit kernels"
             );
         }

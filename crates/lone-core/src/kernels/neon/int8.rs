@@ -319,7 +319,7 @@ pub(in crate::kernels) unsafe fn q6k_8bit<D: Dot>(a: &MatArgs) {
 /// integer scale `sc_s` (Q2_K: 4 bits, with a 4-bit min `m_s`; Q3_K: signed 6 bits, codes
 /// -4..4): `Σ w·x = d·dx·Σ_s sc_s·Σ q·x - dmin·dx·Σ_s m_s·Σx` (no min term for Q3_K).
 #[inline(always)]
-unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
+pub(super) unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
     let nb = a.k / 256;
     let bb = if THREE { 110 } else { 84 };
     let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
@@ -327,6 +327,7 @@ unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let mut acc = [0f32; NX];
+        let mut accm = [0f32; NX];
         for b in 0..nb {
             let wb = w.add(b * bb);
             let (sc, mn): ([i32; 16], [i32; 16]) = if THREE {
@@ -354,19 +355,19 @@ unsafe fn q23k_8bit_n<D: Dot, const THREE: bool, const NX: usize>(a: &MatArgs) {
                     let v = D::dot(vdupq_n_s32(0), q[s], vld1q_s8(xq.add(16 * s)));
                     isum = vmlaq_n_s32(isum, v, sc[s]);
                 }
-                let mut f = d * dx * vaddvq_s32(isum) as f32;
+                // The chain of the rows-by-8 kernel (`rows8`): one FMA per block and sum.
+                acc[t] = (vaddvq_s32(isum) as f32).mul_add(d * dx, acc[t]);
                 if !THREE {
                     let mut mins = 0i32;
                     for s in 0..16 {
                         mins += mn[s] * i32::from(bs.add(s).read_unaligned());
                     }
-                    f -= dmin * dx * mins as f32;
+                    accm[t] = (mins as f32).mul_add(dmin * dx, accm[t]);
                 }
-                acc[t] += f;
             }
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = acc[t];
+            *a.out.add(t * a.out_stride + r) = if THREE { acc[t] } else { acc[t] - accm[t] };
         }
     }
 }

@@ -13,7 +13,7 @@
 //!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
 //!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod;
 //!   at the dotprod level the formats with a rows-by-8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//!   Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows).
+//!   Q2_K, Q3_K, Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows).
 //!
 //! The bodies are `#[inline(always)]` generics instantiated in the entry points below (the
 //! dotprod ones inside `#[target_feature(enable = "dotprod")]`). `sdot` is emitted with
@@ -166,9 +166,9 @@ pub(in crate::kernels) mod dot {
     entry!(q5_0, "dotprod", legacy_rows8::<WQ5_0>);
     entry!(q5_1, "dotprod", legacy_rows8::<WQ5_1>);
     entry!(q8_0, "dotprod", legacy_rows8::<WQ8_0>);
-    entry!(q2_k, "dotprod", q23k_8bit::<Sdot, false>);
-    entry!(q3_k, "dotprod", q23k_8bit::<Sdot, true>);
+    entry!(q2_k, "dotprod", k_rows8::<KR2>);
+    entry!(q3_k, "dotprod", k_rows8::<KR3>);
     entry!(q4_k, "dotprod", q45k_8bit::<Sdot, false>);
     entry!(q5_k, "dotprod", q45k_8bit::<Sdot, true>);
-    entry!(q6_k, "dotprod", q6k_rows8);
+    entry!(q6_k, "dotprod", k_rows8::<KR6>);
 }

@@ -7,7 +7,7 @@
 //! The rows past a matrix's last whole group keep the stored layout and take the row-by-row
 //! kernels ([`super::int8`]), whose per-block chain these repeat.
 
-use super::int8::{legacy_8bit_n, q6k_8bit_n, Q8K_BB, Q8_1_BB};
+use super::int8::{legacy_8bit_n, q23k_8bit_n, q6k_8bit_n, Q8K_BB, Q8_1_BB};
 use super::*;
 use crate::kernels::matmul::Q8_1_SIDE;
 use crate::kernels::packed::rows_past_groups;
@@ -232,65 +232,30 @@ pub(in crate::kernels) unsafe fn legacy_rows8<W: Rows8W>(a: &MatArgs) {
     by_nx!(a, legacy_rows8_n, W)
 }
 
-/// Q6_K in the rows-by-8 layout (`packed::units`: the 8 rows' d, their 16 scales as four
-/// words each, then `ql` and `qh` in 4-byte chunks) × Q8_K activation rows. Per group of 16
-/// elements the 4 rows' sums come out of 4 `sdot`s by element, started from `-32·Σx` of the
-/// group (the codes are stored unsigned, 0..64) and scaled by the 4 rows' scales in one
-/// multiply-add: `Σ w·x = d·dx·Σ_g sc_g·(Σ q·x - 32·Σx)`, [`q6k_8bit_n`]'s chain.
-#[inline(always)]
-unsafe fn q6k_rows8_n<const NX: usize>(a: &MatArgs) {
-    const BB: usize = 210;
-    let nb = a.k / 256;
-    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
-    for g in 0..a.rows / 8 {
-        let gw = a.w.add(8 * g * a.w_stride);
-        let mut acc = [[vdupq_n_f32(0.0); 2]; NX];
-        for b in 0..nb {
-            let blk = gw.add(8 * b * BB);
-            let d = [0, 1].map(|h| cvt_f16x4(vld1_u16((blk as *const u16).add(4 * h))));
-            // Scale words: word w of rows 0-3 at 16 + 32w, of rows 4-7 16 bytes on.
-            let sw: [[int32x4_t; 2]; 4] = core::array::from_fn(|w| {
-                [0, 1].map(|h| vld1q_s32(blk.add(16 + 32 * w + 16 * h) as *const i32))
-            });
-            let (ql, qh) = (blk.add(144), blk.add(144 + 1024));
-            // Per activation row: -32·(Σx of each group of 16), as i32.
-            let neg: [[int32x4_t; 4]; NX] = core::array::from_fn(|t| {
-                let bs = xs[t].add(b * Q8K_BB + 260) as *const i16;
-                let (lo, hi) = (vld1q_s16(bs), vld1q_s16(bs.add(8)));
-                [
-                    vmovl_s16(vget_low_s16(lo)),
-                    vmovl_high_s16(lo),
-                    vmovl_s16(vget_low_s16(hi)),
-                    vmovl_high_s16(hi),
-                ]
-                .map(|v| vshlq_n_s32::<5>(vnegq_s32(v)))
-            });
-            let mut isum = [[vdupq_n_s32(0); 2]; NX];
-            for n in 0..2 {
-                for jq in 0..2 {
-                    q6k_quad::<NX>(&mut isum, &sw, &neg, ql, qh, xs, b, n, jq);
-                }
-            }
-            for t in 0..NX {
-                let dx = (xs[t].add(b * Q8K_BB) as *const f32).read_unaligned();
-                for h in 0..2 {
-                    let s = vmulq_n_f32(d[h], dx);
-                    acc[t][h] = vfmaq_f32(acc[t][h], vcvtq_f32_s32(isum[t][h]), s);
-                }
-            }
-        }
-        for t in 0..NX {
-            for h in 0..2 {
-                vst1q_f32(a.out.add(t * a.out_stride + 8 * g + 4 * h), acc[t][h]);
-            }
-        }
-    }
-    if let Some(rest) = rows_past_groups(a) {
-        q6k_8bit_n::<Sdot, NX>(&rest);
-    }
+/// A K-quant in the rows-by-8 layout ([`crate::kernels::packed`]) with 16 groups of 16 per
+/// 256-element block, each with an integer scale: Q2_K, Q3_K, Q6_K. Codes are unsigned (Q3_K's
+/// and Q6_K's offsets, 4 and 32, come off through the activations' sums of 16).
+pub(in crate::kernels) trait KRows8 {
+    /// Bytes per block (per row).
+    const BB: usize;
+    /// The offset taken off every code.
+    const OFF: i32;
+    /// The format has mins (Q2_K): `- dmin·Σ_g m_g·Σx`.
+    const MIN: bool;
+    /// d (and dmin) of rows `4h..4h+4` of a group block.
+    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t);
+    /// The 16 groups' scales (and mins) of rows `4h..4h+4`, one row per lane.
+    unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]);
+    /// Rows `4h..4h+4`, half `n` (elements 128n..), quarter `lq`: `c[s][u]` are 4 codes of
+    /// each row in group `8n + lq + 2u`, multiplying activation bytes `4s..4s+4` of the group.
+    unsafe fn codes(blk: *const u8, n: usize, lq: usize, h: usize) -> [[int8x16_t; 4]; 4];
 }
 
-/// Lane `j` of each i32 lane's four bytes, sign-extended: scale `4w + j` of 4 rows.
+pub(in crate::kernels) struct KR2;
+pub(in crate::kernels) struct KR3;
+pub(in crate::kernels) struct KR6;
+
+/// Byte `j` of each i32 lane, sign-extended: the lanes' (rows') `j`-th of four byte fields.
 #[inline(always)]
 unsafe fn scale_byte(w: int32x4_t, j: usize) -> int32x4_t {
     match j {
@@ -301,58 +266,163 @@ unsafe fn scale_byte(w: int32x4_t, j: usize) -> int32x4_t {
     }
 }
 
-/// Half `n` (elements 128n..128n+128), quad `jq` of its 4-byte positions: the four groups of
-/// 16 (`8n + jq + 2u`, u = 0..4: codes from the low nibbles of `ql` chunks `16n + 4jq + s`
-/// and `16n + 8 + 4jq + s` and from `qh` chunk `8n + 4jq + s`, s = 0..4).
-#[allow(clippy::too_many_arguments)]
+/// Word `w` of 4 rows (rows `4h..4h+4`), at `at + 32w + 16h` of a group block.
 #[inline(always)]
-unsafe fn q6k_quad<const NX: usize>(
-    isum: &mut [[int32x4_t; 2]; NX],
-    sw: &[[int32x4_t; 2]; 4],
-    neg: &[[int32x4_t; 4]; NX],
-    ql: *const u8,
-    qh: *const u8,
-    xs: [*const u8; NX],
-    b: usize,
+unsafe fn word4(blk: *const u8, at: usize, w: usize, h: usize) -> uint8x16_t {
+    vld1q_u8(blk.add(at + 32 * w + 16 * h))
+}
+
+/// The scales of 16 groups from four words of four byte fields each.
+#[inline(always)]
+unsafe fn bytes16(w: [uint8x16_t; 4]) -> [int32x4_t; 16] {
+    core::array::from_fn(|g| scale_byte(vreinterpretq_s32_u8(w[g / 4]), g % 4))
+}
+
+/// Half `n`, quarter `lq`'s 2-bit codes of Q2_K / Q3_K (code `u`: bits `2u` of `qs` chunk
+/// `8n + 4lq + s`, at `qs`) for rows `4h..`, with Q3_K's high bit `4n + u` of `hmask`
+/// chunk `4lq + s` (at `hm`) as bit 2.
+#[inline(always)]
+unsafe fn codes23<const THREE: bool>(
+    qs: *const u8,
+    hm: *const u8,
     n: usize,
-    jq: usize,
-) {
-    // Codes of step s for element groups u = 0..4, rows 4h..4h+4.
-    let codes = |s: usize, h: usize| -> [int8x16_t; 4] {
-        let l0 = vld1q_u8(ql.add(32 * (16 * n + 4 * jq + s) + 16 * h));
-        let l1 = vld1q_u8(ql.add(32 * (16 * n + 8 + 4 * jq + s) + 16 * h));
-        let hb = vld1q_u8(qh.add(32 * (8 * n + 4 * jq + s) + 16 * h));
+    lq: usize,
+    h: usize,
+) -> [[int8x16_t; 4]; 4] {
+    core::array::from_fn(|s| {
+        let q = vld1q_u8(qs.add(32 * (8 * n + 4 * lq + s) + 16 * h));
+        let hb = if THREE {
+            vld1q_u8(hm.add(32 * (4 * lq + s) + 16 * h))
+        } else {
+            vdupq_n_u8(0)
+        };
+        core::array::from_fn(|u| {
+            let c = vandq_u8(vshlq_u8(q, vdupq_n_s8(-2 * u as i8)), vdupq_n_u8(3));
+            let c = if THREE {
+                let p = (4 * n + u) as i8;
+                vbslq_u8(vdupq_n_u8(4), vshlq_u8(hb, vdupq_n_s8(2 - p)), c)
+            } else {
+                c
+            };
+            vreinterpretq_s8_u8(c)
+        })
+    })
+}
+
+/// Q2_K rows by 8: d, dmin (16 bytes each), the 16 scale bytes (4 words: low nibble scale,
+/// high nibble min), `qs` (16 words).
+impl KRows8 for KR2 {
+    const BB: usize = 84;
+    const OFF: i32 = 0;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
+        let p = blk as *const u16;
+        (
+            cvt_f16x4(vld1_u16(p.add(4 * h))),
+            cvt_f16x4(vld1_u16(p.add(8 + 4 * h))),
+        )
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
+        let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 32, w, h));
+        (
+            bytes16(w.map(|v| vandq_u8(v, vdupq_n_u8(0x0f)))),
+            bytes16(w.map(|v| vshrq_n_u8::<4>(v))),
+        )
+    }
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, n: usize, lq: usize, h: usize) -> [[int8x16_t; 4]; 4] {
+        codes23::<false>(blk.add(160), blk, n, lq, h)
+    }
+}
+
+/// Q3_K rows by 8: d (16 bytes), the 12 scale bytes (3 words), `hmask` (8 words), `qs`
+/// (16 words).
+impl KRows8 for KR3 {
+    const BB: usize = 110;
+    const OFF: i32 = 4;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
+        (
+            cvt_f16x4(vld1_u16((blk as *const u16).add(4 * h))),
+            vdupq_n_f32(0.0),
+        )
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
+        // Scale 4Q + j: low nibble from word Q % 2 (nibble Q / 2), high bits 2Q of word 2.
+        let (w0, w1, w2) = (
+            word4(blk, 16, 0, h),
+            word4(blk, 16, 1, h),
+            word4(blk, 16, 2, h),
+        );
+        let m4 = vdupq_n_u8(0x0f);
         let m3 = vdupq_n_u8(3);
-        let m30 = vdupq_n_u8(0x30);
-        [
-            vsliq_n_u8::<4>(l0, vandq_u8(hb, m3)),
-            vsliq_n_u8::<4>(l1, vandq_u8(vshrq_n_u8::<2>(hb), m3)),
-            vsriq_n_u8::<4>(vandq_u8(hb, m30), l0),
-            vsriq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(hb), m30), l1),
-        ]
-        .map(|v| vreinterpretq_s8_u8(v))
-    };
-    for h in 0..2 {
-        let c = [codes(0, h), codes(1, h), codes(2, h), codes(3, h)];
-        for u in 0..4 {
-            let grp = 8 * n + jq + 2 * u;
-            let sc = scale_byte(sw[grp / 4][h], grp % 4);
-            for t in 0..NX {
-                let x = vld1q_s8(xs[t].add(b * Q8K_BB + 4 + 16 * grp) as *const i8);
-                let bias = vdupq_laneq_s32_dyn(neg[t][grp / 4], grp % 4);
-                let mut p = sdot_lane::<0>(bias, c[0][u], x);
-                p = sdot_lane::<1>(p, c[1][u], x);
-                p = sdot_lane::<2>(p, c[2][u], x);
-                p = sdot_lane::<3>(p, c[3][u], x);
-                isum[t][h] = vmlaq_s32(isum[t][h], p, sc);
-            }
-        }
+        let q: [uint8x16_t; 4] = [
+            vorrq_u8(vandq_u8(w0, m4), vshlq_n_u8::<4>(vandq_u8(w2, m3))),
+            vorrq_u8(
+                vandq_u8(w1, m4),
+                vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(w2), m3)),
+            ),
+            vorrq_u8(
+                vshrq_n_u8::<4>(w0),
+                vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<4>(w2), m3)),
+            ),
+            vorrq_u8(vshrq_n_u8::<4>(w1), vshlq_n_u8::<4>(vshrq_n_u8::<6>(w2))),
+        ];
+        let q = q.map(|v| vsubq_u8(v, vdupq_n_u8(32)));
+        (bytes16(q), [vdupq_n_s32(0); 16])
+    }
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, n: usize, lq: usize, h: usize) -> [[int8x16_t; 4]; 4] {
+        codes23::<true>(blk.add(368), blk.add(112), n, lq, h)
+    }
+}
+
+/// Q6_K rows by 8: d (16 bytes), the 16 scales (4 words), `ql` (32 words), `qh` (16 words).
+impl KRows8 for KR6 {
+    const BB: usize = 210;
+    const OFF: i32 = 32;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
+        (
+            cvt_f16x4(vld1_u16((blk as *const u16).add(4 * h))),
+            vdupq_n_f32(0.0),
+        )
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
+        let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 16, w, h));
+        (bytes16(w), [vdupq_n_s32(0); 16])
+    }
+    /// Codes from the low nibbles of `ql` chunks `16n + 4lq + s` (groups u = 0, 2) and
+    /// `16n + 8 + 4lq + s` (u = 1, 3), their high two bits from `qh` chunk `8n + 4lq + s`.
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, n: usize, lq: usize, h: usize) -> [[int8x16_t; 4]; 4] {
+        let (ql, qh) = (blk.add(144), blk.add(144 + 1024));
+        core::array::from_fn(|s| {
+            let l0 = vld1q_u8(ql.add(32 * (16 * n + 4 * lq + s) + 16 * h));
+            let l1 = vld1q_u8(ql.add(32 * (16 * n + 8 + 4 * lq + s) + 16 * h));
+            let hb = vld1q_u8(qh.add(32 * (8 * n + 4 * lq + s) + 16 * h));
+            let m3 = vdupq_n_u8(3);
+            let m30 = vdupq_n_u8(0x30);
+            [
+                vsliq_n_u8::<4>(l0, vandq_u8(hb, m3)),
+                vsliq_n_u8::<4>(l1, vandq_u8(vshrq_n_u8::<2>(hb), m3)),
+                vsriq_n_u8::<4>(vandq_u8(hb, m30), l0),
+                vsriq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(hb), m30), l1),
+            ]
+            .map(|v| vreinterpretq_s8_u8(v))
+        })
     }
 }
 
 /// `vdupq_laneq_s32` with a lane known only after unrolling.
 #[inline(always)]
-unsafe fn vdupq_laneq_s32_dyn(v: int32x4_t, lane: usize) -> int32x4_t {
+unsafe fn lane_dup(v: int32x4_t, lane: usize) -> int32x4_t {
     match lane {
         0 => vdupq_laneq_s32::<0>(v),
         1 => vdupq_laneq_s32::<1>(v),
@@ -361,7 +431,94 @@ unsafe fn vdupq_laneq_s32_dyn(v: int32x4_t, lane: usize) -> int32x4_t {
     }
 }
 
+/// A K-quant in the rows-by-8 layout × Q8_K activation rows. Per group of 16 elements, the 4
+/// rows' sums come out of 4 `sdot`s by element started from `-OFF·Σx` of the group, and are
+/// scaled by the 4 rows' scales in one multiply-add: per block `acc = fma(float(Σ_g sc_g·(Σ
+/// q·x - OFF·Σx)), d·dx, acc)` and for Q2_K `accm = fma(float(Σ_g m_g·Σx), dmin·dx, accm)`,
+/// then `acc - accm` — the row-by-row kernels' chain, which take the rows past the last group.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn q6k_rows8(a: &MatArgs) {
-    by_nx!(a, q6k_rows8_n)
+unsafe fn k_rows8_n<K: KRows8, const NX: usize>(a: &MatArgs) {
+    let nb = a.k / 256;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    for g in 0..a.rows / 8 {
+        let gw = a.w.add(8 * g * a.w_stride);
+        let mut acc = [[vdupq_n_f32(0.0); 2]; NX];
+        let mut accm = [[vdupq_n_f32(0.0); 2]; NX];
+        for b in 0..nb {
+            let blk = gw.add(8 * b * K::BB);
+            // Per activation row: the sums of each group of 16 as i32, and -OFF times them.
+            let bs: [[int32x4_t; 4]; NX] = core::array::from_fn(|t| {
+                let p = xs[t].add(b * Q8K_BB + 260) as *const i16;
+                let (lo, hi) = (vld1q_s16(p), vld1q_s16(p.add(8)));
+                [
+                    vmovl_s16(vget_low_s16(lo)),
+                    vmovl_high_s16(lo),
+                    vmovl_s16(vget_low_s16(hi)),
+                    vmovl_high_s16(hi),
+                ]
+            });
+            let neg: [[int32x4_t; 4]; NX] =
+                core::array::from_fn(|t| bs[t].map(|v| vmulq_n_s32(v, -K::OFF)));
+            for h in 0..2 {
+                let (sc, mn) = K::scales(blk, h);
+                let mut isum = [vdupq_n_s32(0); NX];
+                for n in 0..2 {
+                    for lq in 0..2 {
+                        let c = K::codes(blk, n, lq, h);
+                        for u in 0..4 {
+                            let grp = 8 * n + lq + 2 * u;
+                            for t in 0..NX {
+                                let x = vld1q_s8(xs[t].add(b * Q8K_BB + 4 + 16 * grp) as *const i8);
+                                let mut p = if K::OFF != 0 {
+                                    lane_dup(neg[t][grp / 4], grp % 4)
+                                } else {
+                                    vdupq_n_s32(0)
+                                };
+                                p = sdot_lane::<0>(p, c[0][u], x);
+                                p = sdot_lane::<1>(p, c[1][u], x);
+                                p = sdot_lane::<2>(p, c[2][u], x);
+                                p = sdot_lane::<3>(p, c[3][u], x);
+                                isum[t] = vmlaq_s32(isum[t], p, sc[grp]);
+                            }
+                        }
+                    }
+                }
+                let (d, dmin) = K::d(blk, h);
+                for t in 0..NX {
+                    let dx = (xs[t].add(b * Q8K_BB) as *const f32).read_unaligned();
+                    acc[t][h] = vfmaq_f32(acc[t][h], vcvtq_f32_s32(isum[t]), vmulq_n_f32(d, dx));
+                    if K::MIN {
+                        let mut ms = vdupq_n_s32(0);
+                        for grp in 0..16 {
+                            ms = vmlaq_s32(ms, mn[grp], lane_dup(bs[t][grp / 4], grp % 4));
+                        }
+                        let s = vmulq_n_f32(dmin, dx);
+                        accm[t][h] = vfmaq_f32(accm[t][h], vcvtq_f32_s32(ms), s);
+                    }
+                }
+            }
+        }
+        for t in 0..NX {
+            for h in 0..2 {
+                let v = if K::MIN {
+                    vsubq_f32(acc[t][h], accm[t][h])
+                } else {
+                    acc[t][h]
+                };
+                vst1q_f32(a.out.add(t * a.out_stride + 8 * g + 4 * h), v);
+            }
+        }
+    }
+    if let Some(rest) = rows_past_groups(a) {
+        match K::BB {
+            84 => q23k_8bit_n::<Sdot, false, NX>(&rest),
+            110 => q23k_8bit_n::<Sdot, true, NX>(&rest),
+            _ => q6k_8bit_n::<Sdot, NX>(&rest),
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn k_rows8<K: KRows8>(a: &MatArgs) {
+    by_nx!(a, k_rows8_n, K)
 }
