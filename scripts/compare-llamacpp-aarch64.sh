@@ -9,11 +9,13 @@
 # the CPU class (LLAMA_CPU=aarch64-dotprod ../shared/scripts/build-llama-cpp.sh; CLASS=i8mm for
 # LLAMA_CPU=aarch64-i8mm). One thread each. Per-token counts are differences of two runs that
 # differ only in the token count (load, warm-up and set-up cancel):
-#   decode: `-n 33` minus `-n 1` over 32 tokens (lone run --ignore-eos; llama-bench -n);
+#   decode: `-n 34` minus `-n 2` over 32 tokens (lone run --ignore-eos; llama-bench -n): the
+#           steady state, after the first decode step, where lone builds its interleaved
+#           weight copies (llama.cpp repacks at load, which cancels too);
 #   prompt: a 64-token prompt minus a 32-token one over 32 tokens (lone run -n 1 --prompt-ids;
 #           llama-bench -p), llama-bench with --no-warmup (its warm-up repeats the prompt).
-# lone's modes: auto (the default), fast (--fast), exact (--exact).
-# Prints a markdown table row per model and mode.
+# lone's modes: auto (the default: 8-bit decode, exact prompts) and fast (--fast) for prompts.
+# Prints a markdown table row per model (docs/performance.md's aarch64 table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLASS=${CLASS:-dotprod}
@@ -43,21 +45,19 @@ count() { # [VAR=value...] command... → instructions (the variables go to the 
 ids() { seq -s, 100 $((99 + $1)); }
 per() { python3 -c "print(f'{($1 - $2) / $3 / 1e6:.1f}')"; }
 
-echo "| model | mode | lone M insn/decoded token | llama.cpp | ratio | lone M insn/prompt token | llama.cpp | ratio |"
+echo "| file | M instr / decoded token, lone \`auto\` | llama.cpp | ratio | M instr / prompt token, lone \`auto\` (exact) | lone \`--fast\` | llama.cpp | fast ratio |"
 echo "|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
-  l1=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 1 -o csv --no-warmup)
-  l33=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 33 -o csv --no-warmup)
+  l2=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 2 -o csv --no-warmup)
+  l34=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 0 -n 34 -o csv --no-warmup)
   p32=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 32 -n 0 -o csv --no-warmup)
   p64=$(count "$LLAMA/bin/llama-bench" -m "$m" -t 1 -r 1 -p 64 -n 0 -o csv --no-warmup)
-  ld=$(per "$l33" "$l1" 32); lp=$(per "$p64" "$p32" 32)
-  for mode in auto fast exact; do
-    case $mode in auto) e=LONE_EXACT=2 ;; fast) e=LONE_EXACT=0 ;; exact) e=LONE_EXACT=1 ;; esac
-    d1=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 1)
-    d33=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 8)" -n 33)
-    q32=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 32)" -n 1)
-    q64=$(count "$e" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids 64)" -n 1)
-    od=$(per "$d33" "$d1" 32); op=$(per "$q64" "$q32" 32)
-    echo "| $(basename "$m") | $mode | $od | $ld | $(python3 -c "print(f'{$od/$ld:.2f}')") | $op | $lp | $(python3 -c "print(f'{$op/$lp:.2f}')") |"
-  done
+  ld=$(per "$l34" "$l2" 32); lp=$(per "$p64" "$p32" 32)
+  run() { count "$1" "$LONE" run -m "$m" -t 1 --ignore-eos --prompt-ids "$(ids "$2")" -n "$3"; }
+  d2=$(run LONE_EXACT=2 8 2); d34=$(run LONE_EXACT=2 8 34)
+  q32=$(run LONE_EXACT=2 32 1); q64=$(run LONE_EXACT=2 64 1)
+  f32=$(run LONE_EXACT=0 32 1); f64=$(run LONE_EXACT=0 64 1)
+  od=$(per "$d34" "$d2" 32); op=$(per "$q64" "$q32" 32); of=$(per "$f64" "$f32" 32)
+  ratio() { python3 -c "print(f'{$1/$2:.2f}×')"; }
+  echo "| $(basename "$m" .gguf) | $od | $ld | $(ratio "$od" "$ld") | $op | $of | $lp | $(ratio "$of" "$lp") |"
 done

@@ -144,10 +144,17 @@ impl Tensor {
             file: true,
         } = &self.bytes
         {
-            const PAGE: usize = 4096;
+            // 4 KiB on x86 Linux; 16 KiB on Apple Silicon, 16 or 64 KiB on some ARM Linux
+            // kernels (madvise takes whole pages: a 4 KiB guess would only fail there).
+            static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let page = *PAGE.get_or_init(|| {
+                // SAFETY: sysconf reads a system constant; no memory is passed.
+                let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+                usize::try_from(p).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+            });
             let base = map.as_ptr() as usize;
-            let start = (base + offset).next_multiple_of(PAGE) - base;
-            let end = (base + offset + len) / PAGE * PAGE - base;
+            let start = (base + offset).next_multiple_of(page) - base;
+            let end = (base + offset + len) / page * page - base;
             if end > start {
                 // SAFETY: `map` is a read-only MAP_SHARED mapping of a file lone does not write
                 // (`in_file_map`): MADV_DONTNEED only drops the pages from this process, and
