@@ -40,6 +40,8 @@ mod neon;
 mod ops;
 mod packed;
 mod pool;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod simd;
 mod table;
 mod vecops;
 #[cfg(target_arch = "x86_64")]

@@ -131,9 +131,6 @@ pub(crate) type MatFn = unsafe fn(&MatArgs);
 /// x[t, i]` for `r < rows`, `t < n`, `i < k` (strides in elements). The activations are
 /// packed in blocks of `tb` rows (the kernel's [`Gemm::tb`]): block `b` holds `x[b·tb + j, i]`
 /// at `x[(b·tb + i)·k... ]`, precisely `x[b·tb·k + i·tb + j]`, zero past row `n`.
-// The aarch64 family has no f32 GEMM tile kernel yet (its rows all take the matrix-vector
-// kernels), so nothing reads these there.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct GemmArgs {
     pub w: *const f32,
     pub w_stride: usize,
@@ -257,15 +254,24 @@ macro_rules! all3 {
 /// format has an 8-bit activation format.
 #[cfg(target_arch = "aarch64")]
 macro_rules! arm {
+    (f32) => {
+        neon::ArmKernels {
+            exact: neon::ex::f32,
+            deq: None,
+            fast: None,
+        }
+    };
     ($name:ident) => {
         neon::ArmKernels {
             exact: neon::ex::$name,
+            deq: Some(neon::deq::$name),
             fast: None,
         }
     };
     ($name:ident, 8bit: $act:ident) => {
         neon::ArmKernels {
             exact: neon::ex::$name,
+            deq: Some(neon::deq::$name),
             fast: Some((
                 [(neon::base::$name, false), (neon::dot::$name, false)],
                 DType::$act,
@@ -275,6 +281,7 @@ macro_rules! arm {
     ($name:ident, 8bit: $act:ident, rows8) => {
         neon::ArmKernels {
             exact: neon::ex::$name,
+            deq: Some(neon::deq::$name),
             fast: Some((
                 [(neon::base::$name, false), (neon::dot::$name, true)],
                 DType::$act,
@@ -496,8 +503,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
 }
 
 /// An aarch64 level's kernel for `dtype`: the 8-bit one where `fast_act` names the
-/// activation format, else the exact one. No many-row GEMM yet: every row count takes the
-/// matrix-vector kernel.
+/// activation format, else the exact one with the f32 GEMM (`neon::gemm`) for many rows.
 #[cfg(target_arch = "aarch64")]
 pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
     let k = &format_of(dtype)?.arm;
@@ -505,10 +511,19 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         (Some(ad), Some((fast, _))) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
         _ => ((k.exact, false), Act::F32),
     };
+    // Exact rows take the f32 GEMM for many rows; the 8-bit kernels keep every row count
+    // (four activation rows per weight pass beat the f32 GEMM's FMAs on NEON).
+    let gemm = (act == Act::F32).then_some(Gemm {
+        deq: k.deq,
+        tile: neon::gemm,
+        tb: 8,
+        pack: None,
+        narrow: neon::gemm_narrow,
+    });
     Some(Kernel {
         f,
         act,
-        gemm: None,
+        gemm,
         igemm: false,
         bgemm: false,
         packed,

@@ -150,7 +150,10 @@ impl Tensor {
             let page = *PAGE.get_or_init(|| {
                 // SAFETY: sysconf reads a system constant; no memory is passed.
                 let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-                usize::try_from(p).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+                usize::try_from(p)
+                    .ok()
+                    .filter(|p| p.is_power_of_two())
+                    .unwrap_or(4096)
             });
             let base = map.as_ptr() as usize;
             let start = (base + offset).next_multiple_of(page) - base;

@@ -28,7 +28,7 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::{MatArgs, MatFn};
+use super::{DeqFn, MatArgs, MatFn};
 use crate::tensor::DType;
 
 /// `f::<G…, C…, NX>(a)` with the call's activation-row count `a.nx` (1..=4) as the last
@@ -46,12 +46,15 @@ macro_rules! by_nx {
 
 mod exact;
 mod float;
+mod gemm;
 mod int8;
 mod rows8;
 pub(in crate::kernels) mod vec;
 
 use exact::*;
 use float::*;
+use gemm::{deq_float, deq_k, deq_legacy};
+pub(in crate::kernels) use gemm::{gemm, gemm_narrow};
 use int8::*;
 use rows8::*;
 
@@ -59,6 +62,9 @@ use rows8::*;
 pub(in crate::kernels) struct ArmKernels {
     /// The exact matrix-vector kernel (f32 activations), both levels.
     pub(in crate::kernels) exact: MatFn,
+    /// The bit-exact row dequantizer of the f32 GEMM (exact prompt rows); None: F32 rows are
+    /// used in place.
+    pub(in crate::kernels) deq: Option<DeqFn>,
     /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], each with whether it reads
     /// the rows-by-8 layout ([`crate::kernels::packed`]), and the activation format they take:
     /// llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants, Q2_K and
@@ -139,6 +145,30 @@ pub(in crate::kernels) mod ex {
     entry!(q4_k, k_exact::<KQ4>);
     entry!(q5_k, k_exact::<KQ5>);
     entry!(q6_k, k_exact::<KQ6>);
+}
+
+/// The row dequantizers of the f32 GEMM (both levels).
+pub(in crate::kernels) mod deq {
+    use super::*;
+    macro_rules! deq {
+        ($name:ident, $body:expr) => {
+            pub(in crate::kernels) unsafe fn $name(src: *const u8, dst: *mut f32, k: usize) {
+                $body(src, dst, k)
+            }
+        };
+    }
+    deq!(f16, deq_float::<WF16>);
+    deq!(bf16, deq_float::<WBF16>);
+    deq!(q4_0, deq_legacy::<WQ4_0>);
+    deq!(q4_1, deq_legacy::<WQ4_1>);
+    deq!(q5_0, deq_legacy::<WQ5_0>);
+    deq!(q5_1, deq_legacy::<WQ5_1>);
+    deq!(q8_0, deq_legacy::<WQ8_0>);
+    deq!(q2_k, deq_k::<KQ2>);
+    deq!(q3_k, deq_k::<KQ3>);
+    deq!(q4_k, deq_k::<KQ4>);
+    deq!(q5_k, deq_k::<KQ5>);
+    deq!(q6_k, deq_k::<KQ6>);
 }
 
 /// The 8-bit kernels of the NEON level (`smull`), every format with an 8-bit activation

@@ -4,15 +4,12 @@
 
 use super::*;
 
-#[repr(C, align(64))]
-pub(in crate::kernels) struct Aligned<const N: usize>(pub(in crate::kernels) [f32; N]);
-
 /// Quantized weights against f32 activations: each block is dequantized bit-exactly (the
 /// reference dequantizer, inlined and vectorised here) into a stack buffer, then FMA'd with
 /// every activation row.
 #[inline(always)]
 pub(in crate::kernels) unsafe fn exact_rows_n<
-    V: F32V,
+    V: F32X,
     const BB: usize,
     const BS: usize,
     const NX: usize,
@@ -48,7 +45,7 @@ pub(in crate::kernels) unsafe fn exact_rows_n<
 }
 
 #[inline(always)]
-pub(in crate::kernels) unsafe fn exact_rows<V: F32V, const BB: usize, const BS: usize>(
+pub(in crate::kernels) unsafe fn exact_rows<V: F32X, const BB: usize, const BS: usize>(
     a: &MatArgs,
     deq: impl Fn(&[u8; BB], &mut [f32; BS]) + Copy,
 ) {
@@ -65,7 +62,7 @@ pub(in crate::kernels) unsafe fn exact_rows<V: F32V, const BB: usize, const BS: 
 /// dequantizer does (`q·d`, or `q·d + m` as a separate multiply and add: bit-identical
 /// weights), then FMA'd with every f32 activation row.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn exact_legacy_rows_n<V: F32V, W: LegacyW, const NX: usize>(
+pub(in crate::kernels) unsafe fn exact_legacy_rows_n<V: F32X, W: LegacyW, const NX: usize>(
     a: &MatArgs,
 ) {
     let l = V::LANES;
@@ -109,7 +106,7 @@ pub(in crate::kernels) unsafe fn exact_legacy8<W: LegacyW>(a: &MatArgs) {
 }
 
 #[inline(always)]
-pub(in crate::kernels) unsafe fn exact_legacy_rows<V: F32V, W: LegacyW>(a: &MatArgs) {
+pub(in crate::kernels) unsafe fn exact_legacy_rows<V: F32X, W: LegacyW>(a: &MatArgs) {
     by_nx!(a, exact_legacy_rows_n, V, W)
 }
 
@@ -248,7 +245,7 @@ impl KExactW for XQ6K {
 /// then for Q4_K/Q5_K a separate subtract: bit-identical weights), then FMA'd with every f32
 /// activation row.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: usize>(a: &MatArgs) {
+pub(in crate::kernels) unsafe fn exact_k_rows_n<V: F32X, W: KExactW, const NX: usize>(a: &MatArgs) {
     let l = V::LANES;
     let nb = a.k / 256;
     let mut qb = [0i8; 256];
@@ -290,7 +287,7 @@ pub(in crate::kernels) unsafe fn exact_k_rows_n<V: F32V, W: KExactW, const NX: u
 }
 
 #[inline(always)]
-pub(in crate::kernels) unsafe fn exact_k_rows<V: F32V, W: KExactW>(a: &MatArgs) {
+pub(in crate::kernels) unsafe fn exact_k_rows<V: F32X, W: KExactW>(a: &MatArgs) {
     by_nx!(a, exact_k_rows_n, V, W)
 }
 

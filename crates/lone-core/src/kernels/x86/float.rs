@@ -7,7 +7,7 @@ use super::*;
 /// How a plain float weight format loads `V::LANES` elements.
 pub(in crate::kernels) trait FloatW {
     const EB: usize;
-    unsafe fn load<V: F32V>(p: *const u8) -> V;
+    unsafe fn load<V: F32X>(p: *const u8) -> V;
     unsafe fn scalar(p: *const u8) -> f32;
 }
 pub(in crate::kernels) struct WF32;
@@ -16,7 +16,7 @@ pub(in crate::kernels) struct WBF16;
 impl FloatW for WF32 {
     const EB: usize = 4;
     #[inline(always)]
-    unsafe fn load<V: F32V>(p: *const u8) -> V {
+    unsafe fn load<V: F32X>(p: *const u8) -> V {
         V::load(p as *const f32)
     }
     #[inline(always)]
@@ -27,7 +27,7 @@ impl FloatW for WF32 {
 impl FloatW for WF16 {
     const EB: usize = 2;
     #[inline(always)]
-    unsafe fn load<V: F32V>(p: *const u8) -> V {
+    unsafe fn load<V: F32X>(p: *const u8) -> V {
         V::load_f16(p)
     }
     #[inline(always)]
@@ -38,7 +38,7 @@ impl FloatW for WF16 {
 impl FloatW for WBF16 {
     const EB: usize = 2;
     #[inline(always)]
-    unsafe fn load<V: F32V>(p: *const u8) -> V {
+    unsafe fn load<V: F32X>(p: *const u8) -> V {
         V::load_bf16(p)
     }
     #[inline(always)]
@@ -57,7 +57,7 @@ const FLOAT_PREFETCH: usize = 2048;
 
 #[inline(always)]
 pub(in crate::kernels) unsafe fn float_rows_n<
-    V: F32V,
+    V: F32X,
     W: FloatW,
     const NX: usize,
     const ONE_ROW_PREFETCH: bool,
@@ -110,7 +110,7 @@ pub(in crate::kernels) unsafe fn float_rows_n<
 }
 
 #[inline(always)]
-pub(in crate::kernels) unsafe fn float_rows<V: F32V, W: FloatW>(a: &MatArgs) {
+pub(in crate::kernels) unsafe fn float_rows<V: F32X, W: FloatW>(a: &MatArgs) {
     if a.nx == 1 && super::intel() {
         float_rows_n::<V, W, 1, true>(a)
     } else {

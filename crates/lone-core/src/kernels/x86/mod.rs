@@ -49,17 +49,16 @@ macro_rules! by_nx {
 mod exact;
 mod factored;
 mod float;
-mod gemm;
 mod int8dot;
 mod kquant;
 mod quant8;
 mod simd;
 mod vec;
 
+pub(super) use super::simd::*;
 pub(super) use exact::*;
 pub(super) use factored::*;
 pub(super) use float::*;
-pub(super) use gemm::*;
 pub(super) use int8dot::*;
 pub(super) use kquant::*;
 pub(super) use quant8::*;

@@ -169,7 +169,7 @@ pub(in crate::kernels) unsafe fn pack32_v16(x: *const f32, k: usize, rows: usize
 /// `j < nk`: each value row is loaded once for all `G` rows of weights, the accumulators
 /// (`G` × 4 vectors, 64 columns at a time on AVX-512) stay in registers over all `j`.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn mix_v<V: F32V, W: FloatW, const G: usize>(
+pub(in crate::kernels) unsafe fn mix_v<V: F32X, W: FloatW, const G: usize>(
     p: *const f32,
     p_stride: usize,
     vals: *const u8,
@@ -269,7 +269,7 @@ pub(in crate::kernels) unsafe fn mix_q8_v<const G: usize>(
 pub(in crate::kernels) struct MixFloat<V, W>(core::marker::PhantomData<(V, W)>);
 /// Q8_0 value rows.
 pub(in crate::kernels) struct MixQ8;
-impl<V: F32V, W: FloatW> MixG for MixFloat<V, W> {
+impl<V: F32X, W: FloatW> MixG for MixFloat<V, W> {
     #[inline(always)]
     unsafe fn mix<const G: usize>(
         p: *const f32,
@@ -300,7 +300,7 @@ impl MixG for MixQ8 {
 
 /// Float weight rows to f32 (`k` elements), vectorised.
 #[inline(always)]
-pub(in crate::kernels) unsafe fn deq_float<V: F32V, W: FloatW>(
+pub(in crate::kernels) unsafe fn deq_float<V: F32X, W: FloatW>(
     src: *const u8,
     dst: *mut f32,
     k: usize,

@@ -1,48 +1,25 @@
-//! The f32 GEMM tile kernels (exact, many rows) and the narrow variant for few rows.
+//! The ISA-neutral SIMD layer: f32 vectors ([`F32V`], instantiated by x86's `V8`/`V16` and
+//! NEON's `V4`) and the f32 GEMM tile kernels over them (exact prompts: many activation rows
+//! per dequantized weight tile).
 
 #![allow(clippy::needless_range_loop)]
 
-use super::*;
+use super::GemmArgs;
 
-/// `R` weight rows × `NV·LANES` rows of one block of `2·LANES` packed activation rows over the
-/// whole of `k`: each step loads `NV` vectors of the block's activations (one `k` index) and
-/// broadcasts one weight per row, `NV·R` FMAs into `NV·R` accumulators that end up holding
-/// the outputs themselves (no horizontal sums). Rows past `g.rows` reuse the last row (clamped
-/// pointers: every load is in bounds) and, like the block's padding rows, are not written.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn gemm_micro<V: F32V, const R: usize, const NV: usize>(
-    g: &GemmArgs,
-    r0: usize,
-    t0: usize,
-    xp: *const f32,
-) {
-    let l = V::LANES;
-    let tb = 2 * l;
-    let w: [*const f32; R] =
-        core::array::from_fn(|r| g.w.add((r0 + r).min(g.rows - 1) * g.w_stride));
-    let mut acc = [[V::zero(); NV]; R];
-    for i in 0..g.k {
-        let xv: [V; NV] = core::array::from_fn(|v| V::load(xp.add(i * tb + v * l)));
-        for r in 0..R {
-            let b = V::splat(*w[r].add(i));
-            for v in 0..NV {
-                acc[r][v] = V::fma(b, xv[v], acc[r][v]);
-            }
-        }
-    }
-    let mut tmp = [[0.0f32; 32]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            acc[r][v].store(tmp[r].as_mut_ptr().add(v * l));
-        }
-    }
-    write_tile(
-        &tmp,
-        R.min(g.rows - r0),
-        (NV * l).min(g.n - t0),
-        g.out.add(t0 * g.out_stride + r0),
-        g.out_stride,
-    );
+#[repr(C, align(64))]
+pub(in crate::kernels) struct Aligned<const N: usize>(pub(in crate::kernels) [f32; N]);
+
+pub(in crate::kernels) trait F32V: Copy {
+    const LANES: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    /// `a·b + c`, one rounding.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// Loads `LANES` rows of `LANES` f32 (`stride` apart; rows from `valid` on repeat the
+    /// last valid one) and stores them transposed: `dst[c·LANES + r]` = row `r`, column `c`.
+    unsafe fn transpose_block(src: *const f32, stride: usize, valid: usize, dst: *mut f32);
 }
 
 /// Writes a GEMM micro-kernel's results, `tmp[r][t]` = output of weight row `r` for activation
@@ -64,20 +41,6 @@ pub(in crate::kernels) unsafe fn write_tile<const R: usize>(
             *o.add(r) = tmp[r][t];
         }
     }
-}
-
-/// Every (row, activation row) pair of a [`GemmArgs`]: for each block of `2·LANES` packed
-/// activation rows (`k·2·LANES` f32, in L2), every group of `R` weight rows.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn gemm_tile<V: F32V, const R: usize>(g: &GemmArgs) {
-    for_each_micro(g.n, g.rows, R, V::LANES, |r0, t0, one| {
-        let xp = g.x.add(t0 * g.k);
-        if one {
-            gemm_micro::<V, R, 1>(g, r0, t0, xp);
-        } else {
-            gemm_micro::<V, R, 2>(g, r0, t0, xp);
-        }
-    });
 }
 
 /// Most weight-row groups of `LANES` rows one pass of [`gemm_narrow_n`] keeps accumulators
@@ -198,49 +161,4 @@ pub(in crate::kernels) fn for_each_micro(
         }
         t0 += 2 * lanes;
     }
-}
-
-/// Writes an AVX-512 micro-kernel's accumulators (`acc[r][v]` lane `l` = weight row `r`,
-/// activation row `16v + l`) with [`write_tile`]: the first `rows` × `tokens` of them to
-/// `out[t·stride + r]`.
-///
-/// # Safety
-/// AVX-512F available; `out` is valid for those writes.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn write_acc512<const R: usize, const NV: usize>(
-    acc: &[[__m512; NV]; R],
-    rows: usize,
-    tokens: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    let mut tmp = [[0.0f32; 32]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            _mm512_storeu_ps(tmp[r].as_mut_ptr().add(16 * v), acc[r][v]);
-        }
-    }
-    write_tile(&tmp, rows, tokens, out, stride);
-}
-
-/// [`write_acc512`] for a 256-bit micro-kernel (`acc[r][v]` lane `l` = weight row `r`,
-/// activation row `8v + l`).
-///
-/// # Safety
-/// AVX available; `out` is valid for those writes.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn write_acc256<const R: usize, const NV: usize>(
-    acc: &[[__m256; NV]; R],
-    rows: usize,
-    tokens: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    let mut tmp = [[0.0f32; 32]; R];
-    for r in 0..R {
-        for v in 0..NV {
-            _mm256_storeu_ps(tmp[r].as_mut_ptr().add(8 * v), acc[r][v]);
-        }
-    }
-    write_tile(&tmp, rows, tokens, out, stride);
 }
