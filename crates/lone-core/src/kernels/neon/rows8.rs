@@ -94,38 +94,28 @@ impl Rows8W for WQ4_0 {
     }
 }
 
-impl Rows8W for WQ4_1 {
-    const M: usize = 16;
-    const QH: usize = 0;
-    const QS: usize = 32;
-    const FRAC: i32 = 0;
-    #[inline(always)]
-    unsafe fn step<const S: i32>(blk: *const u8, qh: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2] {
-        nibble_step::<false>(chunk(blk.add(Self::QS), S), qh, S, 0)
-    }
+/// The nibble formats' [`Rows8W`]: field offsets, five bits or four, the code offset.
+macro_rules! nibble_rows8 {
+    ($w:ty, m: $m:expr, qh: $qh:expr, qs: $qs:expr, five: $five:expr, off: $off:expr) => {
+        impl Rows8W for $w {
+            const M: usize = $m;
+            const QH: usize = $qh;
+            const QS: usize = $qs;
+            const FRAC: i32 = 0;
+            #[inline(always)]
+            unsafe fn step<const S: i32>(
+                blk: *const u8,
+                qh: &[uint8x16_t; 2],
+            ) -> [[int8x16_t; 2]; 2] {
+                nibble_step::<$five>(chunk(blk.add(Self::QS), S), qh, S, $off)
+            }
+        }
+    };
 }
 
-impl Rows8W for WQ5_0 {
-    const M: usize = 0;
-    const QH: usize = 16;
-    const QS: usize = 48;
-    const FRAC: i32 = 0;
-    #[inline(always)]
-    unsafe fn step<const S: i32>(blk: *const u8, qh: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2] {
-        nibble_step::<true>(chunk(blk.add(Self::QS), S), qh, S, 16)
-    }
-}
-
-impl Rows8W for WQ5_1 {
-    const M: usize = 16;
-    const QH: usize = 32;
-    const QS: usize = 64;
-    const FRAC: i32 = 0;
-    #[inline(always)]
-    unsafe fn step<const S: i32>(blk: *const u8, qh: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2] {
-        nibble_step::<true>(chunk(blk.add(Self::QS), S), qh, S, 0)
-    }
-}
+nibble_rows8!(WQ4_1, m: 16, qh: 0, qs: 32, five: false, off: 0);
+nibble_rows8!(WQ5_0, m: 0, qh: 16, qs: 48, five: true, off: 16);
+nibble_rows8!(WQ5_1, m: 16, qh: 32, qs: 64, five: true, off: 0);
 
 impl Rows8W for WQ8_0 {
     const M: usize = 0;
