@@ -223,7 +223,8 @@ pub(crate) fn fast_rows_packed(dtype: DType) -> bool {
 
 /// `w` (float rows of a length that is a multiple of 32) rounded to Q8_0 by ggml's quantizer,
 /// laid out as fast mode's matrix-vector kernel for Q8_0 reads it on this CPU: rows by 8 on
-/// the VNNI levels, kept only in that layout ([`Tensor::prepacked`]), as stored on AVX2. An
+/// x86's VNNI levels and aarch64's dotprod level, kept only in that layout
+/// ([`Tensor::prepacked`]), as stored on AVX2 and ARMv8.0 NEON. An
 /// 8-bit copy of a weight that only those kernels multiply (`Model`'s decode head), made
 /// 256 rows per task so that no stored copy of the whole is ever held.
 ///

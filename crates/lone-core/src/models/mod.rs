@@ -363,7 +363,8 @@ impl Model {
         let _head =
             (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
         let owners: Vec<usize> = sel.iter().map(|&i| batch.rows[i].seq).collect();
-        // A head packed by 8 rows (Q4_0/Q4_1/Q5_x/Q4_K; Q8_0 on the VNNI levels) stays on its
+        // A head packed by 8 rows (`kernels::fast_rows_packed`: x86's VNNI levels, aarch64's
+        // dotprod) stays on its
         // matrix-vector kernel: the GEMM would unpack its tiles first, and costs more at up to
         // a verify pass's rows (SmolLM2-135M's Q8_0 head on Zen 4: 15-row pass 24-26 ms with
         // the GEMM, 19 ms without; 8 rows 14.5 -> 11.3 ms).
