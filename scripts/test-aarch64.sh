@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The aarch64 test suite under qemu-user: cross-builds lone-core's tests for
 # aarch64-unknown-linux-gnu and runs the library tests (kernels against the scalar reference,
-# the thread pool, the vector ops) and the parity tests (the f32 path against transformers'
-# fixtures) on three CPU classes, with 1 and 2 threads:
+# the thread pool, the vector ops), the parity tests (the f32 path against transformers'
+# fixtures) and the fixtures' fast-mode and cache tests on three CPU classes, with 1 and 2
+# threads:
 #   cortex-a72  ARMv8.0 NEON                 (Raspberry Pi 4)
 #   cortex-a76  ARMv8.2 + dotprod + fp16     (Raspberry Pi 5, Apple M1, Snapdragon 8 Gen 1)
 #   max         + i8mm, bf16, SVE            (Apple M2 and later, Graviton 3/4)
@@ -41,7 +42,7 @@ export CARGO_TARGET_DIR=${AARCH64_TARGET_DIR:-target/aarch64}
 CARGO=/usr/bin/cargo
 
 build() {
-  "$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib --test parity \
+  "$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib "${tests[@]}" \
     --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -50,9 +51,13 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])'
 }
-"$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib --test parity --no-run
+# Model-level tests on the random-weight fixtures (seconds under qemu): parity (the f32 path
+# against transformers), the default and fast modes' 8-bit decode and head copy (fast_mode),
+# cached and chunked prefixes giving the cold logits (cache).
+tests=(--test parity --test fast_mode --test cache)
+"$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib "${tests[@]}" --no-run
 mapfile -t bins < <(build)
-[ ${#bins[@]} -eq 2 ] || { echo "expected 2 test binaries, got: ${bins[*]}" >&2; exit 1; }
+[ ${#bins[@]} -eq 4 ] || { echo "expected 4 test binaries, got: ${bins[*]}" >&2; exit 1; }
 
 cpus=${AARCH64_CPUS:-"cortex-a72 cortex-a76 max"}
 threads=${AARCH64_THREADS:-"1 2"}
@@ -62,7 +67,7 @@ for cpu in $cpus; do
       name=$(basename "$bin" | sed 's/-[0-9a-f]*$//')
       echo "== aarch64 $cpu, $t thread(s): $name"
       # Library tests: the kernels (every ISA level this CPU has, against the scalar
-      # reference), the pool, the vector ops; parity: every fixture family.
+      # reference), the pool, the vector ops; the model-level tests above, whole.
       filter=()
       [ "$name" = lone_core ] && filter=(kernels::)
       LONE_THREADS=$t RUST_TEST_THREADS=$t timeout 1200 \

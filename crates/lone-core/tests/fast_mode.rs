@@ -129,7 +129,8 @@ fn decode_logits(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     out
 }
 
-/// In the default mode on x86 an F16 or BF16 head is read at decode through a Q8_0 copy of
+/// In the default mode on the SIMD families (x86, aarch64) an F16 or BF16 head is read at
+/// decode through a Q8_0 copy of
 /// itself (`Model::decode_head`): every step's top logits are the head's own (exact mode's up
 /// to f32 summation order) and the greedy tokens are exact mode's, while the logits below
 /// the top 32 are the copy's — off exact mode's by about a Q8_0 rounding, far more than
@@ -139,7 +140,7 @@ fn decode_logits(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
 /// (scalar) both modes are exact throughout.
 #[test]
 fn an_f16_head_decodes_through_its_8bit_copy() {
-    let x86 = kernels::isa().is_x86();
+    let eight_bit = kernels::isa().has_8bit();
     let cases = [
         ("lfm2_a", "f16", kernels::Mode::Auto),
         ("qwen2", "bf16", kernels::Mode::Auto),
@@ -169,7 +170,7 @@ fn an_f16_head_decodes_through_its_8bit_copy() {
             let below = order[64..]
                 .iter()
                 .fold(0f32, |m, &i| m.max((a[i] - e[i]).abs()));
-            if !x86 || (s == 0 && mode == kernels::Mode::Auto) {
+            if !eight_bit || (s == 0 && mode == kernels::Mode::Auto) {
                 // No 8-bit kernels, or the prompt's row (exact in the default mode).
                 assert!(below <= 1e-5 * range, "{what}: {below} of {range}");
             } else {
