@@ -232,8 +232,18 @@ pub(in crate::kernels) trait KRows8 {
     const OFF: i32;
     /// The format has mins (Q2_K): `- dmin·Σ_g m_g·Σx`.
     const MIN: bool;
-    /// d (and dmin) of rows `4h..4h+4` of a group block.
-    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t);
+    /// d (and dmin) of rows `4h..4h+4` of a group block: the block's leading 8 f16 (and the
+    /// next 8, for the formats with mins).
+    #[inline(always)]
+    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
+        let p = blk as *const u16;
+        let dmin = if Self::MIN {
+            cvt_f16x4(vld1_u16(p.add(8 + 4 * h)))
+        } else {
+            vdupq_n_f32(0.0)
+        };
+        (cvt_f16x4(vld1_u16(p.add(4 * h))), dmin)
+    }
     /// The 16 groups' scales (and mins) of rows `4h..4h+4`, one row per lane.
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]);
     /// Rows `4h..4h+4`, half `n` (elements 128n..), quarter `lq`: `c[s][u]` are 4 codes of
@@ -306,14 +316,6 @@ impl KRows8 for KR2 {
     const OFF: i32 = 0;
     const MIN: bool = true;
     #[inline(always)]
-    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
-        let p = blk as *const u16;
-        (
-            cvt_f16x4(vld1_u16(p.add(4 * h))),
-            cvt_f16x4(vld1_u16(p.add(8 + 4 * h))),
-        )
-    }
-    #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 32, w, h));
         (
@@ -333,13 +335,6 @@ impl KRows8 for KR3 {
     const BB: usize = 110;
     const OFF: i32 = 4;
     const MIN: bool = false;
-    #[inline(always)]
-    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
-        (
-            cvt_f16x4(vld1_u16((blk as *const u16).add(4 * h))),
-            vdupq_n_f32(0.0),
-        )
-    }
     #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         // Scale 4Q + j: low nibble from word Q % 2 (nibble Q / 2), high bits 2Q of word 2.
@@ -376,13 +371,6 @@ impl KRows8 for KR6 {
     const BB: usize = 210;
     const OFF: i32 = 32;
     const MIN: bool = false;
-    #[inline(always)]
-    unsafe fn d(blk: *const u8, h: usize) -> (float32x4_t, float32x4_t) {
-        (
-            cvt_f16x4(vld1_u16((blk as *const u16).add(4 * h))),
-            vdupq_n_f32(0.0),
-        )
-    }
     #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 16, w, h));
