@@ -69,9 +69,10 @@ unsafe fn nibble_step<const FIVE: bool>(
     let mut hi = v.map(|u| vshrq_n_u8::<4>(u));
     if FIVE {
         for h in 0..2 {
+            // Bit 4 from the shifted word, the rest from the nibble (whose bit 4 is clear).
             let m = vdupq_n_u8(0x10);
-            lo[h] = vorrq_u8(lo[h], vandq_u8(vshlq_u8(qh[h], vdupq_n_s8(4 - s as i8)), m));
-            hi[h] = vorrq_u8(hi[h], vandq_u8(vshlq_u8(qh[h], vdupq_n_s8(-s as i8)), m));
+            lo[h] = vbslq_u8(m, vshlq_u8(qh[h], vdupq_n_s8(4 - s as i8)), lo[h]);
+            hi[h] = vbslq_u8(m, vshlq_u8(qh[h], vdupq_n_s8(-s as i8)), hi[h]);
         }
     }
     let f = |u: uint8x16_t| vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(off));
