@@ -184,6 +184,29 @@ pub(super) unsafe fn mix_by_4<M: MixG>(
     }
 }
 
+/// A family's entry point of [`mix_rows`] over its [`MixG`] (the same contract, unchecked),
+/// inside `#[target_feature]` when given.
+macro_rules! mix_entry {
+    ($name:ident, $M:ty $(, $features:literal)?) => {
+        $(#[target_feature(enable = $features)])?
+        #[allow(clippy::too_many_arguments)]
+        pub(in crate::kernels) unsafe fn $name(
+            p: *const f32,
+            p_stride: usize,
+            nq: usize,
+            vals: *const u8,
+            stride: usize,
+            nk: usize,
+            d: usize,
+            out: *mut f32,
+        ) {
+            $crate::kernels::vecops::mix_by_4::<$M>(p, p_stride, nq, vals, stride, nk, d, out)
+        }
+    };
+}
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(in crate::kernels) use mix_entry;
+
 /// Scalar reference of [`mix_rows`] (same contract, unchecked): f32 values, or f16 ones.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn mix_scalar<const F16: bool>(

@@ -1,7 +1,7 @@
 //! Vector primitives on NEON: `exp` (softmax) and attention's weighted sums of value rows.
 
 use super::*;
-use crate::kernels::vecops::{mix_by_4, quantize_q8_by, MixG, Q8Blocks, EXP_POLY};
+use crate::kernels::vecops::{mix_entry, quantize_q8_by, MixG, Q8Blocks, EXP_POLY};
 
 /// `e^x` on 4 lanes: x86's `exp8` on NEON — the same range reduction (x = n·ln2 + r, two-part
 /// ln2), the same degree-7 polynomial, `2^n` from exponent bits in two halves.
@@ -43,92 +43,6 @@ pub(in crate::kernels) unsafe fn exp(x: *mut f32, n: usize) {
 
 /// `out[g·d + i] += Σ_j p[g·p_stride + j] · vals[j·stride + i]` for `g < G`: each value row
 /// is loaded once for all `G` weight rows; 16 columns at a time in registers over all `j`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn mix_g<W: FloatW, const G: usize>(
-    p: *const f32,
-    p_stride: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut c = 0;
-    while c + 16 <= d {
-        let mut acc = [[vdupq_n_f32(0.0); 4]; G];
-        for j in 0..nk {
-            let v: [float32x4_t; 4] =
-                core::array::from_fn(|u| W::load4(vals.add((j * stride + c + 4 * u) * W::SIZE)));
-            for g in 0..G {
-                let pg = vdupq_n_f32(*p.add(g * p_stride + j));
-                for u in 0..4 {
-                    acc[g][u] = vfmaq_f32(acc[g][u], pg, v[u]);
-                }
-            }
-        }
-        for g in 0..G {
-            for u in 0..4 {
-                let o = out.add(g * d + c + 4 * u);
-                vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
-            }
-        }
-        c += 16;
-    }
-    for i in c..d {
-        for g in 0..G {
-            let mut a = 0.0f32;
-            for j in 0..nk {
-                a += *p.add(g * p_stride + j) * W::one(vals.add((j * stride + i) * W::SIZE));
-            }
-            *out.add(g * d + i) += a;
-        }
-    }
-}
-
-/// [`mix_g`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
-/// the weight times the block's scale, FMA'd with the widened quants.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn mix_q8_g<const G: usize>(
-    p: *const f32,
-    p_stride: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let rs = stride / 32 * 34;
-    for c in 0..d / 32 {
-        let mut acc = [[vdupq_n_f32(0.0); 8]; G];
-        for j in 0..nk {
-            let blk = vals.add(j * rs + c * 34);
-            let dq = f16_at(blk);
-            let lo = widen(vld1q_s8(blk.add(2) as *const i8));
-            let hi = widen(vld1q_s8(blk.add(18) as *const i8));
-            for g in 0..G {
-                let w = *p.add(g * p_stride + j) * dq;
-                for u in 0..4 {
-                    acc[g][u] = vfmaq_n_f32(acc[g][u], lo[u], w);
-                    acc[g][4 + u] = vfmaq_n_f32(acc[g][4 + u], hi[u], w);
-                }
-            }
-        }
-        for g in 0..G {
-            for u in 0..8 {
-                let o = out.add(g * d + 32 * c + 4 * u);
-                vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
-            }
-        }
-    }
-}
-
-/// [`mix_g`] as a [`MixG`].
-struct Mix<W>(core::marker::PhantomData<W>);
-/// [`mix_q8_g`] as a [`MixG`].
-struct MixQ8;
-
 impl<W: FloatW> MixG for Mix<W> {
     #[inline(always)]
     unsafe fn mix<const G: usize>(
@@ -140,10 +54,42 @@ impl<W: FloatW> MixG for Mix<W> {
         d: usize,
         out: *mut f32,
     ) {
-        mix_g::<W, G>(p, p_stride, vals, stride, nk, d, out)
+        let mut c = 0;
+        while c + 16 <= d {
+            let mut acc = [[vdupq_n_f32(0.0); 4]; G];
+            for j in 0..nk {
+                let v: [float32x4_t; 4] = core::array::from_fn(|u| {
+                    W::load4(vals.add((j * stride + c + 4 * u) * W::SIZE))
+                });
+                for g in 0..G {
+                    let pg = vdupq_n_f32(*p.add(g * p_stride + j));
+                    for u in 0..4 {
+                        acc[g][u] = vfmaq_f32(acc[g][u], pg, v[u]);
+                    }
+                }
+            }
+            for g in 0..G {
+                for u in 0..4 {
+                    let o = out.add(g * d + c + 4 * u);
+                    vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
+                }
+            }
+            c += 16;
+        }
+        for i in c..d {
+            for g in 0..G {
+                let mut a = 0.0f32;
+                for j in 0..nk {
+                    a += *p.add(g * p_stride + j) * W::one(vals.add((j * stride + i) * W::SIZE));
+                }
+                *out.add(g * d + i) += a;
+            }
+        }
     }
 }
 
+/// [`Mix`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
+/// the weight times the block's scale, FMA'd with the widened quants.
 impl MixG for MixQ8 {
     #[inline(always)]
     unsafe fn mix<const G: usize>(
@@ -155,28 +101,36 @@ impl MixG for MixQ8 {
         d: usize,
         out: *mut f32,
     ) {
-        mix_q8_g::<G>(p, p_stride, vals, stride, nk, d, out)
+        let rs = stride / 32 * 34;
+        for c in 0..d / 32 {
+            let mut acc = [[vdupq_n_f32(0.0); 8]; G];
+            for j in 0..nk {
+                let blk = vals.add(j * rs + c * 34);
+                let dq = f16_at(blk);
+                let lo = widen(vld1q_s8(blk.add(2) as *const i8));
+                let hi = widen(vld1q_s8(blk.add(18) as *const i8));
+                for g in 0..G {
+                    let w = *p.add(g * p_stride + j) * dq;
+                    for u in 0..4 {
+                        acc[g][u] = vfmaq_n_f32(acc[g][u], lo[u], w);
+                        acc[g][4 + u] = vfmaq_n_f32(acc[g][4 + u], hi[u], w);
+                    }
+                }
+            }
+            for g in 0..G {
+                for u in 0..8 {
+                    let o = out.add(g * d + 32 * c + 4 * u);
+                    vst1q_f32(o, vaddq_f32(vld1q_f32(o), acc[g][u]));
+                }
+            }
+        }
     }
 }
 
-macro_rules! mix_entry {
-    ($name:ident, $M:ty) => {
-        /// `vecops::mix_rows` over raw rows (its contract, unchecked).
-        #[allow(clippy::too_many_arguments)]
-        pub(in crate::kernels) unsafe fn $name(
-            p: *const f32,
-            p_stride: usize,
-            nq: usize,
-            vals: *const u8,
-            stride: usize,
-            nk: usize,
-            d: usize,
-            out: *mut f32,
-        ) {
-            mix_by_4::<$M>(p, p_stride, nq, vals, stride, nk, d, out)
-        }
-    };
-}
+/// Float value rows as a [`MixG`] (below).
+struct Mix<W>(core::marker::PhantomData<W>);
+/// Q8_0 value rows as a [`MixG`] (below).
+struct MixQ8;
 
 mix_entry!(mix, Mix<WF32>);
 mix_entry!(mix_f16, Mix<WF16>);

@@ -29,7 +29,7 @@
 
 use core::arch::x86_64::*;
 
-use super::vecops::{mix_by_4, MixG};
+use super::vecops::{mix_entry, MixG};
 use super::{GemmArgs, MatArgs};
 use crate::quant::reference_blocks as rb;
 
@@ -107,48 +107,9 @@ macro_rules! level {
      $gr:literal, $deqleg:ident) => {
         pub(crate) mod $m {
             use super::*;
-            #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
-            pub(crate) unsafe fn mix(
-                p: *const f32,
-                p_stride: usize,
-                nq: usize,
-                vals: *const u8,
-                stride: usize,
-                nk: usize,
-                d: usize,
-                out: *mut f32,
-            ) {
-                mix_by_4::<MixFloat<$V, WF32>>(p, p_stride, nq, vals, stride, nk, d, out)
-            }
-            #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
-            pub(crate) unsafe fn mix_f16(
-                p: *const f32,
-                p_stride: usize,
-                nq: usize,
-                vals: *const u8,
-                stride: usize,
-                nk: usize,
-                d: usize,
-                out: *mut f32,
-            ) {
-                mix_by_4::<MixFloat<$V, WF16>>(p, p_stride, nq, vals, stride, nk, d, out)
-            }
-            #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
-            pub(crate) unsafe fn mix_q8(
-                p: *const f32,
-                p_stride: usize,
-                nq: usize,
-                vals: *const u8,
-                stride: usize,
-                nk: usize,
-                d: usize,
-                out: *mut f32,
-            ) {
-                mix_by_4::<MixQ8>(p, p_stride, nq, vals, stride, nk, d, out)
-            }
+            mix_entry!(mix, MixFloat<$V, WF32>, $features);
+            mix_entry!(mix_f16, MixFloat<$V, WF16>, $features);
+            mix_entry!(mix_q8, MixQ8, $features);
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn gemm(g: &GemmArgs) {
                 gemm_tile::<$V, $gr>(g)

@@ -168,107 +168,6 @@ pub(in crate::kernels) unsafe fn pack32_v16(x: *const f32, k: usize, rows: usize
 /// `out[g·d + i] += Σ_j p[g·p_stride + j] · vals[j·stride + i]` for `g < G`, `i < d`,
 /// `j < nk`: each value row is loaded once for all `G` rows of weights, the accumulators
 /// (`G` × 4 vectors, 64 columns at a time on AVX-512) stay in registers over all `j`.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn mix_v<V: F32X, W: FloatW, const G: usize>(
-    p: *const f32,
-    p_stride: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let l = V::LANES;
-    let mut c = 0;
-    while c + 4 * l <= d {
-        let mut acc = [[V::zero(); 4]; G];
-        for j in 0..nk {
-            let v: [V; 4] =
-                core::array::from_fn(|u| W::load::<V>(vals.add((j * stride + c + u * l) * W::EB)));
-            for g in 0..G {
-                let pg = V::splat(*p.add(g * p_stride + j));
-                for u in 0..4 {
-                    acc[g][u] = V::fma(pg, v[u], acc[g][u]);
-                }
-            }
-        }
-        for g in 0..G {
-            for u in 0..4 {
-                let o = out.add(g * d + c + u * l);
-                V::add(V::load(o), acc[g][u]).store(o);
-            }
-        }
-        c += 4 * l;
-    }
-    while c + l <= d {
-        let mut acc = [V::zero(); G];
-        for j in 0..nk {
-            let v = W::load::<V>(vals.add((j * stride + c) * W::EB));
-            for g in 0..G {
-                acc[g] = V::fma(V::splat(*p.add(g * p_stride + j)), v, acc[g]);
-            }
-        }
-        for g in 0..G {
-            let o = out.add(g * d + c);
-            V::add(V::load(o), acc[g]).store(o);
-        }
-        c += l;
-    }
-    for i in c..d {
-        for g in 0..G {
-            let mut a = 0.0f32;
-            for j in 0..nk {
-                a += *p.add(g * p_stride + j) * W::scalar(vals.add((j * stride + i) * W::EB));
-            }
-            *out.add(g * d + i) += a;
-        }
-    }
-}
-
-/// [`mix_v`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
-/// the weight times the block's scale, FMA'd with the widened quants; up to 4 weight rows
-/// share each value block.
-#[inline(always)]
-pub(in crate::kernels) unsafe fn mix_q8_v<const G: usize>(
-    p: *const f32,
-    p_stride: usize,
-    vals: *const u8,
-    stride: usize,
-    nk: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let rs = stride / 32 * 34;
-    for c in 0..d / 32 {
-        let mut acc = [[_mm256_setzero_ps(); 4]; G];
-        for j in 0..nk {
-            let blk = vals.add(j * rs + c * 34);
-            let dq = f16_at(blk);
-            let q: [__m256; 4] = core::array::from_fn(|u| {
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                    blk.add(2 + 8 * u) as *const __m128i
-                )))
-            });
-            for g in 0..G {
-                let w = _mm256_set1_ps(*p.add(g * p_stride + j) * dq);
-                for u in 0..4 {
-                    acc[g][u] = _mm256_fmadd_ps(w, q[u], acc[g][u]);
-                }
-            }
-        }
-        for g in 0..G {
-            for u in 0..4 {
-                let o = out.add(g * d + 32 * c + 8 * u);
-                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[g][u]));
-            }
-        }
-    }
-}
-
-/// Float value rows loaded as `W`, `V` lanes at a time.
-pub(in crate::kernels) struct MixFloat<V, W>(core::marker::PhantomData<(V, W)>);
-/// Q8_0 value rows.
-pub(in crate::kernels) struct MixQ8;
 impl<V: F32X, W: FloatW> MixG for MixFloat<V, W> {
     #[inline(always)]
     unsafe fn mix<const G: usize>(
@@ -280,9 +179,58 @@ impl<V: F32X, W: FloatW> MixG for MixFloat<V, W> {
         d: usize,
         out: *mut f32,
     ) {
-        mix_v::<V, W, G>(p, p_stride, vals, stride, nk, d, out)
+        let l = V::LANES;
+        let mut c = 0;
+        while c + 4 * l <= d {
+            let mut acc = [[V::zero(); 4]; G];
+            for j in 0..nk {
+                let v: [V; 4] = core::array::from_fn(|u| {
+                    W::load::<V>(vals.add((j * stride + c + u * l) * W::EB))
+                });
+                for g in 0..G {
+                    let pg = V::splat(*p.add(g * p_stride + j));
+                    for u in 0..4 {
+                        acc[g][u] = V::fma(pg, v[u], acc[g][u]);
+                    }
+                }
+            }
+            for g in 0..G {
+                for u in 0..4 {
+                    let o = out.add(g * d + c + u * l);
+                    V::add(V::load(o), acc[g][u]).store(o);
+                }
+            }
+            c += 4 * l;
+        }
+        while c + l <= d {
+            let mut acc = [V::zero(); G];
+            for j in 0..nk {
+                let v = W::load::<V>(vals.add((j * stride + c) * W::EB));
+                for g in 0..G {
+                    acc[g] = V::fma(V::splat(*p.add(g * p_stride + j)), v, acc[g]);
+                }
+            }
+            for g in 0..G {
+                let o = out.add(g * d + c);
+                V::add(V::load(o), acc[g]).store(o);
+            }
+            c += l;
+        }
+        for i in c..d {
+            for g in 0..G {
+                let mut a = 0.0f32;
+                for j in 0..nk {
+                    a += *p.add(g * p_stride + j) * W::scalar(vals.add((j * stride + i) * W::EB));
+                }
+                *out.add(g * d + i) += a;
+            }
+        }
     }
 }
+
+/// [`MixFloat`] for Q8_0 value rows (`stride` elements apart, `d` a multiple of 32): per block,
+/// the weight times the block's scale, FMA'd with the widened quants; up to 4 weight rows
+/// share each value block.
 impl MixG for MixQ8 {
     #[inline(always)]
     unsafe fn mix<const G: usize>(
@@ -294,9 +242,38 @@ impl MixG for MixQ8 {
         d: usize,
         out: *mut f32,
     ) {
-        mix_q8_v::<G>(p, p_stride, vals, stride, nk, d, out)
+        let rs = stride / 32 * 34;
+        for c in 0..d / 32 {
+            let mut acc = [[_mm256_setzero_ps(); 4]; G];
+            for j in 0..nk {
+                let blk = vals.add(j * rs + c * 34);
+                let dq = f16_at(blk);
+                let q: [__m256; 4] = core::array::from_fn(|u| {
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        blk.add(2 + 8 * u) as *const __m128i
+                    )))
+                });
+                for g in 0..G {
+                    let w = _mm256_set1_ps(*p.add(g * p_stride + j) * dq);
+                    for u in 0..4 {
+                        acc[g][u] = _mm256_fmadd_ps(w, q[u], acc[g][u]);
+                    }
+                }
+            }
+            for g in 0..G {
+                for u in 0..4 {
+                    let o = out.add(g * d + 32 * c + 8 * u);
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[g][u]));
+                }
+            }
+        }
     }
 }
+
+/// Float value rows loaded as `W`, `V` lanes at a time.
+pub(in crate::kernels) struct MixFloat<V, W>(core::marker::PhantomData<(V, W)>);
+/// Q8_0 value rows.
+pub(in crate::kernels) struct MixQ8;
 
 /// Float weight rows to f32 (`k` elements), vectorised.
 #[inline(always)]
