@@ -516,7 +516,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
     let gemm = (act == Act::F32).then_some(Gemm {
         deq: k.deq,
         tile: neon::gemm,
-        tb: 8,
+        tb: neon::TB,
         pack: None,
         narrow: neon::gemm_narrow,
     });

@@ -10,6 +10,9 @@ use crate::kernels::GemmArgs;
 #[derive(Clone, Copy)]
 pub(in crate::kernels) struct V4(float32x4_t);
 
+/// Activation rows per packed block (two vectors of 4), the GEMM's `Gemm::tb`.
+pub(in crate::kernels) const TB: usize = 8;
+
 impl F32V for V4 {
     const LANES: usize = 4;
     #[inline(always)]
@@ -62,7 +65,7 @@ impl F32V for V4 {
 #[inline(always)]
 unsafe fn micro<const R: usize, const NV: usize>(g: &GemmArgs, r0: usize, t0: usize) {
     let xp = g.x.add(t0 * g.k);
-    let tb = 8;
+    let tb = TB;
     let w: [*const f32; R] =
         core::array::from_fn(|r| g.w.add((r0 + r).min(g.rows - 1) * g.w_stride));
     let mut acc = [[vdupq_n_f32(0.0); NV]; R];

@@ -54,7 +54,7 @@ pub(in crate::kernels) mod vec;
 use exact::*;
 use float::*;
 use gemm::{deq_float, deq_k, deq_legacy};
-pub(in crate::kernels) use gemm::{gemm, gemm_narrow};
+pub(in crate::kernels) use gemm::{gemm, gemm_narrow, TB};
 use int8::*;
 use rows8::*;
 
