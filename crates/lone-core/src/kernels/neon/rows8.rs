@@ -247,6 +247,8 @@ pub(in crate::kernels) trait KRows8 {
     }
     /// The 16 groups' scales (and mins) of rows `4h..4h+4`, one row per lane.
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]);
+    /// The row-by-row kernel over the stored layout (the rows past a matrix's last group).
+    unsafe fn stored_rows<const NX: usize>(a: &MatArgs);
     /// Rows `4h..4h+4`, half `n` (elements 128n..), quarter `lq`: `c[s][u]` are 4 codes of
     /// each row in group `8n + lq + 2u`, multiplying activation bytes `4s..4s+4` of the group.
     unsafe fn codes(blk: *const u8, n: usize, lq: usize, h: usize) -> [[int8x16_t; 4]; 4];
@@ -317,6 +319,10 @@ impl KRows8 for KR2 {
     const OFF: i32 = 0;
     const MIN: bool = true;
     #[inline(always)]
+    unsafe fn stored_rows<const NX: usize>(a: &MatArgs) {
+        q23k_8bit_n::<Sdot, false, NX>(a)
+    }
+    #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 32, w, h));
         (
@@ -336,6 +342,10 @@ impl KRows8 for KR3 {
     const BB: usize = 110;
     const OFF: i32 = 4;
     const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn stored_rows<const NX: usize>(a: &MatArgs) {
+        q23k_8bit_n::<Sdot, true, NX>(a)
+    }
     #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         // Scale 4Q + j: low nibble from word Q % 2 (nibble Q / 2), high bits 2Q of word 2.
@@ -372,6 +382,10 @@ impl KRows8 for KR6 {
     const BB: usize = 210;
     const OFF: i32 = 32;
     const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn stored_rows<const NX: usize>(a: &MatArgs) {
+        q6k_8bit_n::<Sdot, NX>(a)
+    }
     #[inline(always)]
     unsafe fn scales(blk: *const u8, h: usize) -> ([int32x4_t; 16], [int32x4_t; 16]) {
         let w: [uint8x16_t; 4] = core::array::from_fn(|w| word4(blk, 16, w, h));
@@ -489,11 +503,7 @@ unsafe fn k_rows8_n<K: KRows8, const NX: usize>(a: &MatArgs) {
         }
     }
     if let Some(rest) = rows_past_groups(a) {
-        match K::BB {
-            84 => q23k_8bit_n::<Sdot, false, NX>(&rest),
-            110 => q23k_8bit_n::<Sdot, true, NX>(&rest),
-            _ => q6k_8bit_n::<Sdot, NX>(&rest),
-        }
+        K::stored_rows::<NX>(&rest);
     }
 }
 
