@@ -19,6 +19,8 @@ thread_local! {
     pub(super) static QBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     pub(super) static DBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     pub(super) static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Activation rows in the pair layout ([`interleave_pairs`]).
+    static PBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// One tile's weight rows in the stored layout, rebuilt from a packed copy (`rows_task`).
     static TBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -107,7 +109,7 @@ pub fn matmul_many(ws: &[&Tensor], x: &[f32], n: usize, outs: &mut [&mut [f32]])
         // SAFETY: checked above: whole weight rows, n activation rows of xs bytes (k f32,
         // then block sums where the kernels take them), n·m outputs per job; each chunk's
         // columns belong to its task alone.
-        unsafe { rows_task(job, xp.0, xs, n, range) }
+        unsafe { rows_task(job, xp.0, xs, None, n, range) }
     });
     SBUF.with(|b| *b.borrow_mut() = sbuf);
 }
@@ -150,6 +152,8 @@ pub(super) fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: 
     let mut qbuf = QBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut dbuf = DBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut sbuf = SBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut pbuf = PBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut pairs = None;
     let (xp, xs): (*const u8, usize) = match kern.act {
         Act::F32 => (x.as_ptr() as *const u8, 4 * k),
         Act::F32Sums => {
@@ -166,6 +170,12 @@ pub(super) fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: 
             let qs = if sums { qb + Q8_1_SIDE * (k / 32) } else { qb };
             qbuf.resize(n * qs, 0);
             quantize_rows(ad, x, k, qb, qs, &mut qbuf);
+            if kern.pairs.is_some() && sums && n >= 2 {
+                let ps = k / 32 * PAIR_BB;
+                grow(&mut pbuf, n.div_ceil(2) * ps);
+                interleave_pairs(&qbuf, n, k, qs, &mut pbuf);
+                pairs = Some((SendPtr(pbuf.as_mut_ptr()), ps));
+            }
             if let Act::QuantDeq(_) = kern.act {
                 dbuf.resize(n * k, 0.0);
                 for (q, d) in qbuf.chunks(qs).zip(dbuf.chunks_mut(k)) {
@@ -186,9 +196,20 @@ pub(super) fn matmul_kernel(kern: Kernel, w: &Tensor, x: &[f32], n: usize, out: 
     for_each_chunk(std::slice::from_ref(&job), rows_chunk, &|job, range| {
         let xp = &xp;
         // SAFETY: the weights hold m·rb bytes (checked above), the activations n rows of xs
-        // bytes in the kernel's format (built above), out n·m f32; `range` is this task's.
-        unsafe { rows_task(job, xp.0, xs, n, range) }
+        // bytes in the kernel's format, and where `pairs` is set the same rows in the pair
+        // layout (built above), out n·m f32; `range` is this task's.
+        unsafe {
+            rows_task(
+                job,
+                xp.0,
+                xs,
+                pairs.map(|(p, ps)| (p.0 as *const u8, ps)),
+                n,
+                range,
+            )
+        }
     });
+    PBUF.with(|b| *b.borrow_mut() = pbuf);
     QBUF.with(|b| *b.borrow_mut() = qbuf);
     DBUF.with(|b| *b.borrow_mut() = dbuf);
     SBUF.with(|b| *b.borrow_mut() = sbuf);
@@ -213,16 +234,19 @@ pub(super) fn rows_chunk(m: usize) -> usize {
 }
 
 /// The matrix-vector kernels over weight rows `range` of `job`: `TILE_ROWS` rows by up to 4
-/// activation rows per call.
+/// activation rows per call; with `pairs` (the same rows in the pair layout, pairs `ps`
+/// bytes apart), [`Kernel::pairs`] takes the tiles' whole groups of 8 rows, 8 activation
+/// rows per call.
 ///
 /// # Safety
 /// `job.w` holds whole rows of its format; `xp` holds `n` activation rows of `xs` bytes in
-/// the format `job.kern` takes; `job.out` holds `n × m` f32 and no other task writes the
-/// columns `range`.
+/// the format `job.kern` takes, and `pairs` the same rows in the pair layout; `job.out`
+/// holds `n × m` f32 and no other task writes the columns `range`.
 pub(super) unsafe fn rows_task(
     job: &Job,
     xp: *const u8,
     xs: usize,
+    pairs: Option<(*const u8, usize)>,
     n: usize,
     range: std::ops::Range<usize>,
 ) {
@@ -257,23 +281,50 @@ pub(super) unsafe fn rows_task(
             // SAFETY: rows r0..r0+rows lie inside the weights (the function's contract).
             None => unsafe { wp.add(r0 * rb) },
         };
+        // The rows of whole groups of 8 (a multiple of 8: tiles start groups) go to the
+        // pairs kernel when there is one, the rest to the matrix-vector kernel.
+        let (grouped, wide) = match (job.kern.pairs, pairs) {
+            (Some(f), Some(p)) => ((m / 8 * 8).clamp(r0, r0 + rows) - r0, Some((f, p))),
+            _ => (0, None),
+        };
+        if let Some((f, (pp, ps))) = wide.filter(|_| grouped > 0) {
+            for t0 in (0..n).step_by(8) {
+                // SAFETY: as below; pairs t0/2.. of the pair layout hold rows t0..t0+nx.
+                unsafe {
+                    f(&MatArgs {
+                        dtype: job.w.dtype,
+                        w,
+                        w_stride: rb,
+                        rows: grouped,
+                        x: pp.add(t0 / 2 * ps),
+                        x_stride: ps,
+                        nx: 8.min(n - t0),
+                        k,
+                        out: job.out.0.add(t0 * m + r0),
+                        out_stride: m,
+                    })
+                };
+            }
+        }
+        // SAFETY: rows r0 + grouped.. lie inside the tile.
+        let (tw, tr0, trows) = (unsafe { w.add(grouped * rb) }, r0 + grouped, rows - grouped);
         let mut t0 = 0;
-        while t0 < n {
+        while t0 < n && trows > 0 {
             let nx = 4.min(n - t0);
-            // SAFETY: rows r0..r0+rows of the weights and activation rows t0..t0+nx are in
+            // SAFETY: rows tr0..tr0+trows of the weights and activation rows t0..t0+nx are in
             // bounds; out[t·m + r] for these r belongs to this task alone; `kern` was built
             // for this dtype on an available ISA (the function's contract).
             unsafe {
                 let a = MatArgs {
                     dtype: job.w.dtype,
-                    w,
+                    w: tw,
                     w_stride: rb,
-                    rows,
+                    rows: trows,
                     x: xp.add(t0 * xs),
                     x_stride: xs,
                     nx,
                     k,
-                    out: job.out.0.add(t0 * m + r0),
+                    out: job.out.0.add(t0 * m + tr0),
                     out_stride: m,
                 };
                 (job.kern.f)(&a);
@@ -305,6 +356,50 @@ pub(crate) fn side_q8_1(out: &mut [u8], d: half::f16, sq: i32) {
     let d = d.to_f32();
     out[..4].copy_from_slice(&(d * sq as f32).to_ne_bytes());
     out[4..8].copy_from_slice(&d.to_ne_bytes());
+}
+
+/// Bytes of one pair's block in the pair layout ([`interleave_pairs`]).
+pub(crate) const PAIR_BB: usize = 96;
+
+/// **The pair layout**, taken by aarch64's kernels for several activation rows
+/// ([`Kernel::pairs`], `neon::pairs`): Q8_1 rows two at a time (`a`, `b`; a lone last row
+/// is paired with zeros), each pair's blocks stored block by block, [`PAIR_BB`] bytes each:
+/// the 32 codes as four 8-byte octets, octet `j` of `a` at `16j`, of `b` at `16j + 8`; then
+/// `[dx_a, dx_b, dx_a, dx_b]` (f32) and `[s_a, s_b, s_a, s_b]` (`s = dx·Σq`, the side values
+/// of [`side_q8_1`]). One 16-byte load is then what `smmla` multiplies (two rows by 8
+/// codes) and what `sdot` by element reads (lanes 0-1 for `a`, 2-3 for `b`).
+///
+/// Writes the pairs of the `n` rows in `q` (`qs` bytes apart: `k / 32` blocks of 36 bytes,
+/// then [`Q8_1_SIDE`] bytes per block) into `out`, one pair every `k / 32 · PAIR_BB` bytes.
+///
+/// Panics if `q` or `out` is short.
+pub(super) fn interleave_pairs(q: &[u8], n: usize, k: usize, qs: usize, out: &mut [u8]) {
+    let nb = k / 32;
+    let ps = nb * PAIR_BB;
+    assert!(q.len() >= n * qs && out.len() >= n.div_ceil(2) * ps && qs >= nb * (36 + 8));
+    for p in 0..n.div_ceil(2) {
+        for b in 0..nb {
+            let o = &mut out[p * ps + b * PAIR_BB..][..PAIR_BB];
+            for (i, t) in [2 * p, 2 * p + 1].into_iter().enumerate() {
+                let (codes, side) = if t < n {
+                    let row = &q[t * qs..];
+                    let side = &row[nb * 36 + b * Q8_1_SIDE..][..Q8_1_SIDE];
+                    (&row[b * 36 + 4..b * 36 + 36], [&side[4..8], &side[0..4]])
+                } else {
+                    (&[0u8; 32][..], [&[0u8; 4][..], &[0u8; 4][..]])
+                };
+                for j in 0..4 {
+                    o[16 * j + 8 * i..][..8].copy_from_slice(&codes[8 * j..8 * j + 8]);
+                }
+                // [dx, s] into lanes i and i + 2 of the two side vectors.
+                for (v, bytes) in side.iter().enumerate() {
+                    for lane in [i, i + 2] {
+                        o[64 + 16 * v + 4 * lane..][..4].copy_from_slice(bytes);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Quantize `n` rows of `k` values to `ad` blocks (ggml's reference quantizers) into rows of

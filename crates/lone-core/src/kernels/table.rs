@@ -5,7 +5,7 @@ use super::*;
 // ------------------------------------------------------------------ instruction sets
 
 /// A kernel family. [`isa`] is the best one the CPU supports (or `LONE_ISA=scalar|avx2|
-/// avxvnni|avx512|neon|dotprod` when set and supported); tests and benchmarks can request any available one
+/// avxvnni|avx512|neon|dotprod|i8mm` when set and supported); tests and benchmarks can request any available one
 /// through [`matmul_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -25,16 +25,20 @@ pub enum Isa {
     /// aarch64 NEON + dotprod (ARMv8.2+: Raspberry Pi 5, Apple M1 and later, Graviton 2+):
     /// NEON's kernels, with `sdot` for the 8-bit ones.
     NeonDot,
+    /// aarch64 NEON + dotprod + i8mm (ARMv8.6: Apple M2 and later, Graviton 3/4, Cortex-A710
+    /// and later): the dotprod kernels, with `smmla` for several activation rows at once.
+    NeonI8mm,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 6] = [
+    pub const ALL: [Isa; 7] = [
         Isa::Scalar,
         Isa::Avx2,
         Isa::AvxVnni,
         Isa::Avx512,
         Isa::Neon,
         Isa::NeonDot,
+        Isa::NeonI8mm,
     ];
 
     /// Whether this CPU can run the family.
@@ -61,6 +65,10 @@ impl Isa {
             Isa::Neon => true,
             #[cfg(target_arch = "aarch64")]
             Isa::NeonDot => std::arch::is_aarch64_feature_detected!("dotprod"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonI8mm => {
+                Isa::NeonDot.is_available() && std::arch::is_aarch64_feature_detected!("i8mm")
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -73,7 +81,7 @@ impl Isa {
 
     /// An aarch64 family (NEON or above).
     pub fn is_arm(self) -> bool {
-        matches!(self, Isa::Neon | Isa::NeonDot)
+        matches!(self, Isa::Neon | Isa::NeonDot | Isa::NeonI8mm)
     }
 
     /// Whether the family has 8-bit matrix-vector kernels (integer dot products with 8-bit
@@ -95,6 +103,7 @@ impl Isa {
             Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
             Isa::NeonDot => "dotprod",
+            Isa::NeonI8mm => "i8mm",
         }
     }
 }
@@ -200,6 +209,9 @@ pub(super) struct Kernel {
     pub(super) packed: bool,
     /// The family the kernel belongs to (the 8-bit GEMM's level).
     pub(super) isa: Isa,
+    /// Fast mode on aarch64: the kernel for several activation rows in the pair layout
+    /// (`neon::pairs`), reading the rows-by-8 layout as `f` does.
+    pub(super) pairs: Option<MatFn>,
 }
 
 /// One weight format as the kernel table sees it: its 8-bit activation format and its
@@ -259,6 +271,7 @@ macro_rules! arm {
             exact: neon::ex::f32,
             deq: None,
             fast: None,
+            pairs: None,
         }
     };
     ($name:ident) => {
@@ -266,6 +279,7 @@ macro_rules! arm {
             exact: neon::ex::$name,
             deq: Some(neon::deq::$name),
             fast: None,
+            pairs: None,
         }
     };
     ($name:ident, 8bit: $act:ident) => {
@@ -276,6 +290,7 @@ macro_rules! arm {
                 [(neon::base::$name, false), (neon::dot::$name, false)],
                 DType::$act,
             )),
+            pairs: None,
         }
     };
     ($name:ident, 8bit: $act:ident, rows8) => {
@@ -286,6 +301,13 @@ macro_rules! arm {
                 [(neon::base::$name, false), (neon::dot::$name, true)],
                 DType::$act,
             )),
+            pairs: None,
+        }
+    };
+    ($name:ident, 8bit: $act:ident, rows8, pairs) => {
+        neon::ArmKernels {
+            pairs: Some([neon::pair_dot::$name, neon::pair_mmla::$name]),
+            ..arm!($name, 8bit: $act, rows8)
         }
     };
 }
@@ -319,22 +341,22 @@ pub(super) const FORMATS: &[Format] = &[
         arm: bf16),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
         fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true)),
-        arm: q4_0, 8bit: Q8_1, rows8),
+        arm: q4_0, 8bit: Q8_1, rows8, pairs),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
         fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true)),
-        arm: q4_1, 8bit: Q8_1, rows8),
+        arm: q4_1, 8bit: Q8_1, rows8, pairs),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
         fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true)),
-        arm: q5_0, 8bit: Q8_1, rows8),
+        arm: q5_0, 8bit: Q8_1, rows8, pairs),
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
         fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true)),
-        arm: q5_1, 8bit: Q8_1, rows8),
+        arm: q5_1, 8bit: Q8_1, rows8, pairs),
     // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
-        arm: q8_0, 8bit: Q8_1, rows8),
+        arm: q8_0, 8bit: Q8_1, rows8, pairs),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
         arm: q2_k, 8bit: Q8K, rows8),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
@@ -409,6 +431,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         bgemm: false,
         packed: false,
         isa: Isa::Scalar,
+        pairs: None,
     };
     match isa {
         Isa::Scalar => scalar,
@@ -428,7 +451,9 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             k
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon | Isa::NeonDot => arm_kernel(isa, dtype, fast_act).unwrap_or(scalar),
+        Isa::Neon | Isa::NeonDot | Isa::NeonI8mm => {
+            arm_kernel(isa, dtype, fast_act).unwrap_or(scalar)
+        }
         #[allow(unreachable_patterns)]
         _ => scalar,
     }
@@ -476,6 +501,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             bgemm: false,
             packed: false,
             isa,
+            pairs: None,
         })
     };
     if let Some(ad) = fast_act {
@@ -491,6 +517,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             bgemm: false,
             packed,
             isa,
+            pairs: None,
         });
     }
     let deq = k.deq.map(|d| d[level]);
@@ -508,8 +535,14 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
 pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Option<Kernel> {
     let k = &format_of(dtype)?.arm;
     let ((f, packed), act) = match (fast_act, k.fast) {
-        (Some(ad), Some((fast, _))) => (fast[usize::from(isa == Isa::NeonDot)], Act::Quant(ad)),
+        (Some(ad), Some((fast, _))) => (fast[usize::from(isa != Isa::Neon)], Act::Quant(ad)),
         _ => ((k.exact, false), Act::F32),
+    };
+    // Several rows in the pair layout: the 8-bit kernels over the rows-by-8 layout.
+    let pairs = match (isa, k.pairs) {
+        (Isa::NeonDot, Some(p)) if packed => Some(p[0]),
+        (Isa::NeonI8mm, Some(p)) if packed => Some(p[1]),
+        _ => None,
     };
     // Exact rows take the f32 GEMM for many rows; the 8-bit kernels keep every row count
     // (four activation rows per weight pass beat the f32 GEMM's FMAs on NEON).
@@ -528,6 +561,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         bgemm: false,
         packed,
         isa,
+        pairs,
     })
 }
 

@@ -128,7 +128,7 @@ pub(super) fn vec_fns(isa: Isa) -> VecFns {
             quant8: Some(x86::quantize_q8_avx2),
         },
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon | Isa::NeonDot => VecFns {
+        Isa::Neon | Isa::NeonDot | Isa::NeonI8mm => VecFns {
             exp: neon::vec::exp,
             mix: neon::vec::mix,
             mix_f16: neon::vec::mix_f16,

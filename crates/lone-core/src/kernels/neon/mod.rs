@@ -44,10 +44,27 @@ macro_rules! by_nx {
     };
 }
 
+/// `$body` for `$t` = 0, 1, … while `$t < $n` (at most 8; `$n` a constant): unrolled, so
+/// that arrays indexed by `$t` stay in registers (LLVM keeps a loop of long bodies rolled).
+macro_rules! unroll8 {
+    ($t:ident < $n:expr, $body:block) => {
+        unroll8!(@ $t < $n, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $t:ident < $n:expr, $body:block, $($i:literal)*) => {
+        $(
+            if $i < $n {
+                let $t: usize = $i;
+                $body
+            }
+        )*
+    };
+}
+
 mod exact;
 mod float;
 mod gemm;
 mod int8;
+pub(in crate::kernels) mod pairs;
 mod rows8;
 pub(in crate::kernels) mod vec;
 
@@ -56,6 +73,7 @@ use float::*;
 use gemm::{deq_float, deq_k, deq_legacy};
 pub(in crate::kernels) use gemm::{gemm, gemm_narrow, TB};
 use int8::*;
+use pairs::{legacy_pairs, PairMmla, PairSdot};
 use rows8::*;
 
 /// One format's aarch64 kernels (its entry in `table::FORMATS`).
@@ -70,6 +88,9 @@ pub(in crate::kernels) struct ArmKernels {
     /// llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants, Q2_K and
     /// Q3_K included, which have no 8-bit kernels on x86).
     pub(in crate::kernels) fast: Option<([(MatFn, bool); 2], DType)>,
+    /// The 8-bit kernels for several activation rows in the pair layout ([`pairs`]), over
+    /// the rows-by-8 layout: [NEON + dotprod, + i8mm].
+    pub(in crate::kernels) pairs: Option<[MatFn; 2]>,
 }
 
 /// IEEE half bits → f32 (`fcvt`, part of the ARMv8.0 floating point baseline).
@@ -201,4 +222,24 @@ pub(in crate::kernels) mod dot {
     entry!(q4_k, "dotprod", q45k_8bit::<Sdot, false>);
     entry!(q5_k, "dotprod", q45k_8bit::<Sdot, true>);
     entry!(q6_k, "dotprod", k_rows8::<KR6>);
+}
+
+/// The pair-layout kernels ([`pairs`]) of the dotprod level (`sdot` by element).
+pub(in crate::kernels) mod pair_dot {
+    use super::*;
+    entry!(q4_0, "dotprod", legacy_pairs::<PairSdot, WQ4_0>);
+    entry!(q4_1, "dotprod", legacy_pairs::<PairSdot, WQ4_1>);
+    entry!(q5_0, "dotprod", legacy_pairs::<PairSdot, WQ5_0>);
+    entry!(q5_1, "dotprod", legacy_pairs::<PairSdot, WQ5_1>);
+    entry!(q8_0, "dotprod", legacy_pairs::<PairSdot, WQ8_0>);
+}
+
+/// The pair-layout kernels ([`pairs`]) of the i8mm level (`smmla`).
+pub(in crate::kernels) mod pair_mmla {
+    use super::*;
+    entry!(q4_0, "i8mm", legacy_pairs::<PairMmla, WQ4_0>);
+    entry!(q4_1, "i8mm", legacy_pairs::<PairMmla, WQ4_1>);
+    entry!(q5_0, "i8mm", legacy_pairs::<PairMmla, WQ5_0>);
+    entry!(q5_1, "i8mm", legacy_pairs::<PairMmla, WQ5_1>);
+    entry!(q8_0, "i8mm", legacy_pairs::<PairMmla, WQ8_0>);
 }

@@ -14,7 +14,11 @@ use crate::kernels::packed::rows_past_groups;
 
 /// `acc + Σ_j w[4i + j]·x[4L + j]` in lane `i` (`sdot` by element).
 #[inline(always)]
-unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot_lane<const L: i32>(
+    acc: int32x4_t,
+    w: int8x16_t,
+    x: int8x16_t,
+) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: register-only; only the dotprod level's entry points (`#[target_feature(enable
     // = "dotprod")]`, dispatched where the CPU has it) reach this.
@@ -44,39 +48,38 @@ pub(in crate::kernels) trait Rows8W: LegacyW {
     /// The integer sums are 2^FRAC times the codes' (Q4_0 decodes `(c - 8)·16` in two
     /// instructions); 0 or 4.
     const FRAC: i32;
-    /// Codes of step `S` (0..4) for rows 0-3 and 4-7: `[A, B]`, A multiplying activation
-    /// elements `4S..4S+4`, B elements `16 + 4S..16 + 4S + 4`, four bytes per row.
-    unsafe fn step<const S: i32>(blk: *const u8, qh: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2];
+    /// Codes of step `S` (0..4) for rows `4h..4h+4`: `[A, B]`, A multiplying activation
+    /// elements `4S..4S+4`, B elements `16 + 4S..16 + 4S + 4`, four bytes per row; `qh`: the
+    /// 4 rows' rearranged high-bit words (Q5 formats).
+    unsafe fn step<const S: i32>(blk: *const u8, qh: uint8x16_t, h: usize) -> [int8x16_t; 2];
 }
 
-/// Chunk `s` of a 4-bit group block: 32 bytes, bytes `4s..4s+4` of rows 0-3, then 4-7.
+/// Rows `4h..4h+4` of chunk `s` of a 4-bit group block (32 bytes: bytes `4s..4s+4` of rows
+/// 0-3, then 4-7).
 #[inline(always)]
-unsafe fn chunk(qs: *const u8, s: i32) -> [uint8x16_t; 2] {
-    let p = qs.add(32 * s as usize);
-    [vld1q_u8(p), vld1q_u8(p.add(16))]
+unsafe fn chunk(qs: *const u8, s: i32, h: usize) -> uint8x16_t {
+    vld1q_u8(qs.add(32 * s as usize + 16 * h))
 }
 
 /// Low and high nibbles of a chunk, with the fifth bits of step `s` from the rearranged
 /// high-bit words when `FIVE` ([`crate::kernels::packed::high_bits_by_chunk`]), less `off`.
 #[inline(always)]
 unsafe fn nibble_step<const FIVE: bool>(
-    v: [uint8x16_t; 2],
-    qh: &[uint8x16_t; 2],
+    v: uint8x16_t,
+    qh: uint8x16_t,
     s: i32,
     off: i8,
-) -> [[int8x16_t; 2]; 2] {
-    let mut lo = v.map(|u| vandq_u8(u, vdupq_n_u8(0x0f)));
-    let mut hi = v.map(|u| vshrq_n_u8::<4>(u));
+) -> [int8x16_t; 2] {
+    let mut lo = vandq_u8(v, vdupq_n_u8(0x0f));
+    let mut hi = vshrq_n_u8::<4>(v);
     if FIVE {
-        for h in 0..2 {
-            // Bit 4 from the shifted word, the rest from the nibble (whose bit 4 is clear).
-            let m = vdupq_n_u8(0x10);
-            lo[h] = vbslq_u8(m, vshlq_u8(qh[h], vdupq_n_s8(4 - s as i8)), lo[h]);
-            hi[h] = vbslq_u8(m, vshlq_u8(qh[h], vdupq_n_s8(-s as i8)), hi[h]);
-        }
+        // Bit 4 from the shifted word, the rest from the nibble (whose bit 4 is clear).
+        let m = vdupq_n_u8(0x10);
+        lo = vbslq_u8(m, vshlq_u8(qh, vdupq_n_s8(4 - s as i8)), lo);
+        hi = vbslq_u8(m, vshlq_u8(qh, vdupq_n_s8(-s as i8)), hi);
     }
     let f = |u: uint8x16_t| vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(off));
-    [lo.map(f), hi.map(f)]
+    [f(lo), f(hi)]
 }
 
 impl Rows8W for WQ4_0 {
@@ -85,12 +88,12 @@ impl Rows8W for WQ4_0 {
     const QS: usize = 16;
     const FRAC: i32 = 4;
     #[inline(always)]
-    unsafe fn step<const S: i32>(blk: *const u8, _: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2] {
+    unsafe fn step<const S: i32>(blk: *const u8, _: uint8x16_t, h: usize) -> [int8x16_t; 2] {
         // c ^ 8 in each nibble, moved to the top: the signed byte (c - 8)·16.
-        let v = chunk(blk.add(Self::QS), S).map(|u| veorq_u8(u, vdupq_n_u8(0x88)));
+        let v = veorq_u8(chunk(blk.add(Self::QS), S, h), vdupq_n_u8(0x88));
         [
-            v.map(|u| vreinterpretq_s8_u8(vshlq_n_u8::<4>(u))),
-            v.map(|u| vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0xf0)))),
+            vreinterpretq_s8_u8(vshlq_n_u8::<4>(v)),
+            vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0xf0))),
         ]
     }
 }
@@ -106,9 +109,10 @@ macro_rules! nibble_rows8 {
             #[inline(always)]
             unsafe fn step<const S: i32>(
                 blk: *const u8,
-                qh: &[uint8x16_t; 2],
-            ) -> [[int8x16_t; 2]; 2] {
-                nibble_step::<$five>(chunk(blk.add(Self::QS), S), qh, S, $off)
+                qh: uint8x16_t,
+                h: usize,
+            ) -> [int8x16_t; 2] {
+                nibble_step::<$five>(chunk(blk.add(Self::QS), S, h), qh, S, $off)
             }
         }
     };
@@ -124,13 +128,9 @@ impl Rows8W for WQ8_0 {
     const QS: usize = 16;
     const FRAC: i32 = 0;
     #[inline(always)]
-    unsafe fn step<const S: i32>(blk: *const u8, _: &[uint8x16_t; 2]) -> [[int8x16_t; 2]; 2] {
-        let q = blk.add(Self::QS) as *const i8;
-        let p = q.add(32 * S as usize);
-        [
-            [vld1q_s8(p), vld1q_s8(p.add(16))],
-            [vld1q_s8(p.add(128)), vld1q_s8(p.add(144))],
-        ]
+    unsafe fn step<const S: i32>(blk: *const u8, _: uint8x16_t, h: usize) -> [int8x16_t; 2] {
+        let p = (blk.add(Self::QS) as *const i8).add(32 * S as usize + 16 * h);
+        [vld1q_s8(p), vld1q_s8(p.add(128))]
     }
 }
 
@@ -143,7 +143,9 @@ unsafe fn legacy_step<W: Rows8W, const S: i32, const NX: usize>(
     qh: &[uint8x16_t; 2],
     x: &[[int8x16_t; 2]; NX],
 ) {
-    let [a, b] = W::step::<S>(blk, qh);
+    let [a0, b0] = W::step::<S>(blk, qh[0], 0);
+    let [a1, b1] = W::step::<S>(blk, qh[1], 1);
+    let (a, b) = ([a0, a1], [b0, b1]);
     for t in 0..NX {
         for h in 0..2 {
             p[t][h] = sdot_lane::<S>(p[t][h], a[h], x[t][0]);
