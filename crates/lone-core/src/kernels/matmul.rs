@@ -235,8 +235,8 @@ pub(super) fn rows_chunk(m: usize) -> usize {
 
 /// The matrix-vector kernels over weight rows `range` of `job`: `TILE_ROWS` rows by up to 4
 /// activation rows per call; with `pairs` (the same rows in the pair layout, pairs `ps`
-/// bytes apart), [`Kernel::pairs`] takes the tiles' whole groups of 8 rows, 8 activation
-/// rows per call.
+/// bytes apart), [`Kernel::pairs`] takes the tiles' whole groups of 8 rows, [`PAIR_ROWS`]
+/// activation rows per call.
 ///
 /// # Safety
 /// `job.w` holds whole rows of its format; `xp` holds `n` activation rows of `xs` bytes in
@@ -288,7 +288,7 @@ pub(super) unsafe fn rows_task(
             _ => (0, None),
         };
         if let Some((f, (pp, ps))) = wide.filter(|_| grouped > 0) {
-            for t0 in (0..n).step_by(8) {
+            for t0 in (0..n).step_by(PAIR_ROWS) {
                 // SAFETY: as below; pairs t0/2.. of the pair layout hold rows t0..t0+nx.
                 unsafe {
                     f(&MatArgs {
@@ -298,7 +298,7 @@ pub(super) unsafe fn rows_task(
                         rows: grouped,
                         x: pp.add(t0 / 2 * ps),
                         x_stride: ps,
-                        nx: 8.min(n - t0),
+                        nx: PAIR_ROWS.min(n - t0),
                         k,
                         out: job.out.0.add(t0 * m + r0),
                         out_stride: m,
@@ -360,6 +360,9 @@ pub(crate) fn side_q8_1(out: &mut [u8], d: half::f16, sq: i32) {
 
 /// Bytes of one pair's block in the pair layout ([`interleave_pairs`]).
 pub(crate) const PAIR_BB: usize = 96;
+
+/// Activation rows per call of a [`Kernel::pairs`] kernel (`MatArgs::nx`, at most).
+pub(crate) const PAIR_ROWS: usize = 16;
 
 /// **The pair layout**, taken by aarch64's kernels for several activation rows
 /// ([`Kernel::pairs`], `neon::pairs`): Q8_1 rows two at a time (`a`, `b`; a lone last row

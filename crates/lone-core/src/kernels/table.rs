@@ -116,8 +116,10 @@ pub fn isa() -> Isa {
 // ------------------------------------------------------------------ kernel table
 
 /// One call of a kernel: `out[t * out_stride + r] = dot(weight row r, activation row t)` for
-/// `r < rows`, `t < nx` (1..=4). Weight rows are `w_stride` bytes apart, activation rows
-/// `x_stride` bytes apart (f32 or the kernel's 8-bit activation format), rows of `k` elements.
+/// `r < rows`, `t < nx` (1..=4; a [`Kernel::pairs`] kernel 1..=`PAIR_ROWS`). Weight rows
+/// are `w_stride` bytes apart, activation rows `x_stride` bytes apart (f32 or the kernel's
+/// 8-bit activation format; pairs of rows in the pair layout for [`Kernel::pairs`]), rows of
+/// `k` elements.
 pub(crate) struct MatArgs {
     pub dtype: DType,
     pub w: *const u8,
@@ -132,8 +134,9 @@ pub(crate) struct MatArgs {
 }
 
 /// A kernel. Safety contract: every pointer in the `MatArgs` is valid for the bytes the call
-/// reads or writes, `k` is a whole number of the format's blocks, `nx` is 1..=4, the rows
-/// written do not overlap other threads' rows, and the CPU supports the kernel's [`Isa`].
+/// reads or writes, `k` is a whole number of the format's blocks, `nx` is 1..=4
+/// (1..=`PAIR_ROWS` for [`Kernel::pairs`]), the rows written do not overlap other threads'
+/// rows, and the CPU supports the kernel's [`Isa`].
 pub(crate) type MatFn = unsafe fn(&MatArgs);
 
 /// A tile of an f32 matrix product: `out[t * out_stride + r] = Σ_i w[r * w_stride + i] ·

@@ -8,7 +8,7 @@
 //! (`s = dx·Σq`, the Q8_1 side values). One 16-byte load is then what `smmla` multiplies
 //! (two rows by 8 codes) and what `sdot` by element reads (lanes 0-1 for `a`, 2-3 for `b`).
 //!
-//! Each weight block's codes are decoded once for up to 8 activation rows (4 pairs), 4
+//! Each weight block's codes are decoded once for up to [`PAIR_ROWS`] activation rows, 4
 //! weight rows (half a group) at a time. Every output is the chain of the matrix-vector
 //! kernels (`rows8`, `int8`): per block `acc = fma(float(Σ c·q), d·dx, acc)` and `accm =
 //! fma(m, s, accm)`, then `acc + accm`, so a row's result does not depend on the path or on
@@ -16,7 +16,7 @@
 
 use super::rows8::{sdot_lane, Rows8W};
 use super::*;
-use crate::kernels::matmul::PAIR_BB;
+use crate::kernels::matmul::{PAIR_BB, PAIR_ROWS};
 
 /// The two levels' products of 4 weight rows with an activation pair.
 pub(in crate::kernels) trait PairMul {
@@ -224,13 +224,32 @@ unsafe fn legacy_pairs_n<M: PairMul, W: Rows8W, const NP: usize>(a: &MatArgs) {
     }
 }
 
-/// [`legacy_pairs_n`] with the call's pair count.
+/// [`legacy_pairs_n`] with the call's pair count: up to 16 activation rows per weight pass
+/// (the formats with an offset, whose second accumulator would not fit the registers: 8).
 #[inline(always)]
 pub(in crate::kernels) unsafe fn legacy_pairs<M: PairMul, W: Rows8W>(a: &MatArgs) {
+    let most = if W::MIN { 8 } else { PAIR_ROWS };
+    for t0 in (0..a.nx).step_by(most) {
+        let a = &MatArgs {
+            x: a.x.add(t0 / 2 * a.x_stride),
+            nx: most.min(a.nx - t0),
+            out: a.out.add(t0 * a.out_stride),
+            ..*a
+        };
+        legacy_pairs_np::<M, W>(a);
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_pairs_np<M: PairMul, W: Rows8W>(a: &MatArgs) {
     match a.nx.div_ceil(2) {
         1 => legacy_pairs_n::<M, W, 1>(a),
         2 => legacy_pairs_n::<M, W, 2>(a),
         3 => legacy_pairs_n::<M, W, 3>(a),
-        _ => legacy_pairs_n::<M, W, 4>(a),
+        4 => legacy_pairs_n::<M, W, 4>(a),
+        5 => legacy_pairs_n::<M, W, 5>(a),
+        6 => legacy_pairs_n::<M, W, 6>(a),
+        7 => legacy_pairs_n::<M, W, 7>(a),
+        _ => legacy_pairs_n::<M, W, 8>(a),
     }
 }
