@@ -274,7 +274,7 @@ macro_rules! arm {
             exact: neon::ex::f32,
             deq: None,
             fast: None,
-            pairs: None,
+            pairs: [None; 2],
         }
     };
     ($name:ident) => {
@@ -282,7 +282,7 @@ macro_rules! arm {
             exact: neon::ex::$name,
             deq: Some(neon::deq::$name),
             fast: None,
-            pairs: None,
+            pairs: [None; 2],
         }
     };
     ($name:ident, 8bit: $act:ident) => {
@@ -293,7 +293,7 @@ macro_rules! arm {
                 [(neon::base::$name, false), (neon::dot::$name, false)],
                 DType::$act,
             )),
-            pairs: None,
+            pairs: [None; 2],
         }
     };
     ($name:ident, 8bit: $act:ident, rows8) => {
@@ -304,12 +304,18 @@ macro_rules! arm {
                 [(neon::base::$name, false), (neon::dot::$name, true)],
                 DType::$act,
             )),
-            pairs: None,
+            pairs: [None; 2],
         }
     };
     ($name:ident, 8bit: $act:ident, rows8, pairs) => {
         neon::ArmKernels {
-            pairs: Some([neon::pair_dot::$name, neon::pair_mmla::$name]),
+            pairs: [Some(neon::pair_dot::$name), Some(neon::pair_mmla::$name)],
+            ..arm!($name, 8bit: $act, rows8)
+        }
+    };
+    ($name:ident, 8bit: $act:ident, rows8, pairs: i8mm) => {
+        neon::ArmKernels {
+            pairs: [None, Some(neon::pair_mmla::$name)],
             ..arm!($name, 8bit: $act, rows8)
         }
     };
@@ -347,7 +353,7 @@ pub(super) const FORMATS: &[Format] = &[
         arm: q4_0, 8bit: Q8_1, rows8, pairs),
     weight_format!(Q4_1, Some(DType::Q8_1), exact: exact_q4_1, deq: Some(both!(deq_q4_1, DeqFn)),
         fac: Some((x86::fac::q4_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_1_x8, packed: true)),
-        arm: q4_1, 8bit: Q8_1, rows8, pairs),
+        arm: q4_1, 8bit: Q8_1, rows8, pairs: i8mm),
     weight_format!(Q5_0, Some(DType::Q8_1), exact: exact_q5_0, deq: Some(both!(deq_q5_0, DeqFn)),
         fac: Some((x86::fac::q5_0 as MatFn, Act::F32)), fast: Some(all3!(q5_0_x8, packed: true)),
         arm: q5_0, 8bit: Q8_1, rows8, pairs),
@@ -359,7 +365,7 @@ pub(super) const FORMATS: &[Format] = &[
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
-        arm: q8_0, 8bit: Q8_1, rows8, pairs),
+        arm: q8_0, 8bit: Q8_1, rows8, pairs: i8mm),
     weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
         arm: q2_k, 8bit: Q8K, rows8),
     weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
@@ -541,10 +547,10 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         (Some(ad), Some((fast, _))) => (fast[usize::from(isa != Isa::Neon)], Act::Quant(ad)),
         _ => ((k.exact, false), Act::F32),
     };
-    // Several rows in the pair layout: the 8-bit kernels over the rows-by-8 layout.
-    let pairs = match (isa, k.pairs) {
-        (Isa::NeonDot, Some(p)) if packed => Some(p[0]),
-        (Isa::NeonI8mm, Some(p)) if packed => Some(p[1]),
+    // Several rows in the pair layout, where the level has a kernel for the format.
+    let pairs = match isa {
+        Isa::NeonDot if packed => k.pairs[0],
+        Isa::NeonI8mm if packed => k.pairs[1],
         _ => None,
     };
     // Exact rows take the f32 GEMM for many rows; the 8-bit kernels keep every row count

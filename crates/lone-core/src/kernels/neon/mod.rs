@@ -89,8 +89,10 @@ pub(in crate::kernels) struct ArmKernels {
     /// Q3_K included, which have no 8-bit kernels on x86).
     pub(in crate::kernels) fast: Option<([(MatFn, bool); 2], DType)>,
     /// The 8-bit kernels for several activation rows in the pair layout ([`pairs`]), over
-    /// the rows-by-8 layout: [NEON + dotprod, + i8mm].
-    pub(in crate::kernels) pairs: Option<[MatFn; 2]>,
+    /// the rows-by-8 layout: [NEON + dotprod, + i8mm]. At the dotprod level only where
+    /// decoding the codes costs more than loading the activations twice as often (Q4_0,
+    /// Q5_0, Q5_1: not Q4_1 and Q8_0, measured).
+    pub(in crate::kernels) pairs: [Option<MatFn>; 2],
 }
 
 /// IEEE half bits → f32 (`fcvt`, part of the ARMv8.0 floating point baseline).
@@ -228,10 +230,8 @@ pub(in crate::kernels) mod dot {
 pub(in crate::kernels) mod pair_dot {
     use super::*;
     entry!(q4_0, "dotprod", legacy_pairs::<PairSdot, WQ4_0>);
-    entry!(q4_1, "dotprod", legacy_pairs::<PairSdot, WQ4_1>);
     entry!(q5_0, "dotprod", legacy_pairs::<PairSdot, WQ5_0>);
     entry!(q5_1, "dotprod", legacy_pairs::<PairSdot, WQ5_1>);
-    entry!(q8_0, "dotprod", legacy_pairs::<PairSdot, WQ8_0>);
 }
 
 /// The pair-layout kernels ([`pairs`]) of the i8mm level (`smmla`).

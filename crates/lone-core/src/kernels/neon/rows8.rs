@@ -457,27 +457,27 @@ unsafe fn k_rows8_n<K: KRows8, const NX: usize>(a: &MatArgs) {
             for h in 0..2 {
                 let (sc, mn) = K::scales(blk, h);
                 let mut isum = [vdupq_n_s32(0); NX];
-                for n in 0..2 {
-                    for lq in 0..2 {
-                        let c = K::codes(blk, n, lq, h);
-                        for u in 0..4 {
-                            let grp = 8 * n + lq + 2 * u;
-                            for t in 0..NX {
-                                let x = vld1q_s8(xs[t].add(b * Q8K_BB + 4 + 16 * grp) as *const i8);
-                                let mut p = if K::OFF != 0 {
-                                    lane_dup(neg[t][grp / 4], grp % 4)
-                                } else {
-                                    vdupq_n_s32(0)
-                                };
-                                p = sdot_lane::<0>(p, c[0][u], x);
-                                p = sdot_lane::<1>(p, c[1][u], x);
-                                p = sdot_lane::<2>(p, c[2][u], x);
-                                p = sdot_lane::<3>(p, c[3][u], x);
-                                isum[t] = vmlaq_s32(isum[t], p, sc[grp]);
-                            }
-                        }
-                    }
-                }
+                // Unrolled whole (LLVM keeps these loops rolled, and the scales in memory).
+                unroll8!(nl < 4, {
+                    let (n, lq) = (nl / 2, nl % 2);
+                    let c = K::codes(blk, n, lq, h);
+                    unroll8!(u < 4, {
+                        let grp = 8 * n + lq + 2 * u;
+                        unroll8!(t < NX, {
+                            let x = vld1q_s8(xs[t].add(b * Q8K_BB + 4 + 16 * grp) as *const i8);
+                            let mut p = if K::OFF != 0 {
+                                lane_dup(neg[t][grp / 4], grp % 4)
+                            } else {
+                                vdupq_n_s32(0)
+                            };
+                            p = sdot_lane::<0>(p, c[0][u], x);
+                            p = sdot_lane::<1>(p, c[1][u], x);
+                            p = sdot_lane::<2>(p, c[2][u], x);
+                            p = sdot_lane::<3>(p, c[3][u], x);
+                            isum[t] = vmlaq_s32(isum[t], p, sc[grp]);
+                        });
+                    });
+                });
                 let (d, dmin) = K::d(blk, h);
                 for t in 0..NX {
                     let dx = (xs[t].add(b * Q8K_BB) as *const f32).read_unaligned();

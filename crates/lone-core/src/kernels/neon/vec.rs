@@ -141,13 +141,6 @@ mix_entry!(mix_q8, MixQ8);
 /// rules, exactly.
 pub(in crate::kernels) struct NeonQ8;
 
-/// |v| of 4 lanes, and all-ones in the lanes that are finite.
-#[inline(always)]
-unsafe fn abs_finite4(v: float32x4_t) -> (float32x4_t, uint32x4_t) {
-    let a = vabsq_f32(v);
-    (a, vcltq_f32(a, vdupq_n_f32(f32::INFINITY)))
-}
-
 /// 16 i32 lanes (each in -128..=127) as 16 bytes.
 #[inline(always)]
 unsafe fn narrow16(q: &[int32x4_t]) -> int8x16_t {
@@ -161,16 +154,15 @@ impl Q8Blocks for NeonQ8 {
     unsafe fn block32(x: *const f32, q: *mut u8) -> Option<(f32, i32)> {
         let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(x.add(4 * i)));
         let mut m = vdupq_n_f32(0.0);
-        let mut ok = vdupq_n_u32(u32::MAX);
         for vi in v {
-            let (a, fin) = abs_finite4(vi);
-            m = vmaxq_f32(m, a);
-            ok = vandq_u32(ok, fin);
+            m = vmaxq_f32(m, vabsq_f32(vi));
         }
-        if vminvq_u32(ok) == 0 {
+        // `fmax` carries a NaN through, and |±inf| is inf: one test of the maximum.
+        let amax = vmaxvq_f32(m);
+        if !amax.is_finite() {
             return None;
         }
-        let d = vmaxvq_f32(m) / 127.0;
+        let d = amax / 127.0;
         let id = vdupq_n_f32(if d != 0.0 { 1.0 / d } else { 0.0 });
         let qi: [int32x4_t; 8] = core::array::from_fn(|i| vcvtaq_s32_f32(vmulq_f32(v[i], id)));
         vst1q_s8(q as *mut i8, narrow16(&qi[..4]));
@@ -185,16 +177,14 @@ impl Q8Blocks for NeonQ8 {
     #[inline(always)]
     unsafe fn block256(x: *const f32, b: *mut u8) -> bool {
         let mut m = vdupq_n_f32(0.0);
-        let mut ok = vdupq_n_u32(u32::MAX);
         for i in 0..64 {
-            let (a, fin) = abs_finite4(vld1q_f32(x.add(4 * i)));
-            m = vmaxq_f32(m, a);
-            ok = vandq_u32(ok, fin);
+            m = vmaxq_f32(m, vabsq_f32(vld1q_f32(x.add(4 * i))));
         }
-        if vminvq_u32(ok) == 0 {
+        // As in `block32`: a NaN or an infinity makes the maximum non-finite.
+        let amax = vmaxvq_f32(m);
+        if !amax.is_finite() {
             return false;
         }
-        let amax = vmaxvq_f32(m);
         if amax == 0.0 {
             core::ptr::write_bytes(b, 0, 292);
             return true;
