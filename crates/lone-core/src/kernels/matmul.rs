@@ -380,25 +380,27 @@ pub(super) fn interleave_pairs(q: &[u8], n: usize, k: usize, qs: usize, out: &mu
     let nb = k / 32;
     let ps = nb * PAIR_BB;
     assert!(q.len() >= n * qs && out.len() >= n.div_ceil(2) * ps && qs >= nb * (36 + 8));
-    for p in 0..n.div_ceil(2) {
-        for b in 0..nb {
-            let o = &mut out[p * ps + b * PAIR_BB..][..PAIR_BB];
-            for (i, t) in [2 * p, 2 * p + 1].into_iter().enumerate() {
-                let (codes, side) = if t < n {
-                    let row = &q[t * qs..];
-                    let side = &row[nb * 36 + b * Q8_1_SIDE..][..Q8_1_SIDE];
-                    (&row[b * 36 + 4..b * 36 + 36], [&side[4..8], &side[0..4]])
-                } else {
-                    (&[0u8; 32][..], [&[0u8; 4][..], &[0u8; 4][..]])
+    for (p, o) in out.chunks_exact_mut(ps).take(n.div_ceil(2)).enumerate() {
+        let rows = [2 * p, 2 * p + 1].map(|t| (t < n).then(|| &q[t * qs..(t + 1) * qs]));
+        for (b, o) in o.chunks_exact_mut(PAIR_BB).enumerate() {
+            let o: &mut [u8; PAIR_BB] = o.try_into().expect("PAIR_BB bytes");
+            for (i, row) in rows.iter().enumerate() {
+                // The block's 32 codes and its [dx·Σq, dx] (zeros for a missing row).
+                let (codes, side): ([u8; 32], [u8; 8]) = match row {
+                    Some(r) => (
+                        r[b * 36 + 4..b * 36 + 36].try_into().expect("32 codes"),
+                        r[nb * 36 + b * Q8_1_SIDE..][..8]
+                            .try_into()
+                            .expect("8 bytes"),
+                    ),
+                    None => ([0; 32], [0; 8]),
                 };
                 for j in 0..4 {
-                    o[16 * j + 8 * i..][..8].copy_from_slice(&codes[8 * j..8 * j + 8]);
+                    o[16 * j + 8 * i..16 * j + 8 * i + 8].copy_from_slice(&codes[8 * j..8 * j + 8]);
                 }
-                // [dx, s] into lanes i and i + 2 of the two side vectors.
-                for (v, bytes) in side.iter().enumerate() {
-                    for lane in [i, i + 2] {
-                        o[64 + 16 * v + 4 * lane..][..4].copy_from_slice(bytes);
-                    }
+                for lane in [i, i + 2] {
+                    o[64 + 4 * lane..68 + 4 * lane].copy_from_slice(&side[4..8]);
+                    o[80 + 4 * lane..84 + 4 * lane].copy_from_slice(&side[..4]);
                 }
             }
         }

@@ -34,6 +34,16 @@ pub(in crate::kernels) trait Q8Blocks {
     /// largest magnitude, codes rounded to nearest even, at most 127, sums of each 16);
     /// false for a block with a NaN or an infinity.
     unsafe fn block256(x: *const f32, b: *mut u8) -> bool;
+    /// `x` rounded to the nearest f16 (ties to even), as bits.
+    #[inline(always)]
+    unsafe fn to_f16(x: f32) -> u16 {
+        half::f16::from_f32(x).to_bits()
+    }
+    /// The f16 `h` as f32.
+    #[inline(always)]
+    unsafe fn from_f16(h: u16) -> f32 {
+        half::f16::from_bits(h).to_f32()
+    }
 }
 
 /// `blocks` ← `x` quantized to `ad` (Q8_0, Q8_1 or Q8_K), as `quant::quantize_row` writes it;
@@ -77,13 +87,17 @@ pub(in crate::kernels) unsafe fn quantize_q8_by<B: Q8Blocks>(
                     all = false;
                     continue;
                 };
-                let d16 = half::f16::from_f32(d);
-                core::ptr::copy_nonoverlapping(d16.to_le_bytes().as_ptr(), bp, 2);
+                let d16 = B::to_f16(d);
+                (bp as *mut u16).write_unaligned(d16.to_le());
                 if ad == DType::Q8_1 {
-                    let s16 = half::f16::from_f32(sq as f32 * d).to_le_bytes();
-                    core::ptr::copy_nonoverlapping(s16.as_ptr(), bp.add(2), 2);
+                    let s16 = B::to_f16(sq as f32 * d);
+                    (bp.add(2) as *mut u16).write_unaligned(s16.to_le());
                     if !sums.is_empty() {
-                        side_q8_1(&mut sums[Q8_1_SIDE * i..Q8_1_SIDE * (i + 1)], d16, sq);
+                        // [`side_q8_1`]: d·Σq and d, with d as stored.
+                        let d = B::from_f16(d16);
+                        let side = sums.as_mut_ptr().add(Q8_1_SIDE * i) as *mut f32;
+                        side.write_unaligned(d * sq as f32);
+                        side.add(1).write_unaligned(d);
                     }
                 }
             }

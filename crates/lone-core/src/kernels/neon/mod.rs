@@ -114,6 +114,25 @@ pub(in crate::kernels) unsafe fn f16_to_f32(h: u16) -> f32 {
     r
 }
 
+/// f32 → IEEE half bits, rounded to nearest even (`fcvt`).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn f32_to_f16(x: f32) -> u16 {
+    let h: u32;
+    // SAFETY: register-only conversion; `fcvt` writes the half to the low 16 bits of the
+    // vector register (the rest zero), `fmov` moves them out.
+    unsafe {
+        asm!(
+            "fcvt {t:h}, {x:s}",
+            "fmov {h:w}, {t:s}",
+            x = in(vreg) x,
+            t = out(vreg) _,
+            h = out(reg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    h as u16
+}
+
 /// The little-endian f16 at `p` (unaligned) as f32.
 #[inline(always)]
 pub(in crate::kernels) unsafe fn f16_at(p: *const u8) -> f32 {

@@ -151,6 +151,15 @@ unsafe fn narrow16(q: &[int32x4_t]) -> int8x16_t {
 
 impl Q8Blocks for NeonQ8 {
     #[inline(always)]
+    unsafe fn to_f16(x: f32) -> u16 {
+        f32_to_f16(x)
+    }
+    #[inline(always)]
+    unsafe fn from_f16(h: u16) -> f32 {
+        f16_to_f32(h)
+    }
+
+    #[inline(always)]
     unsafe fn block32(x: *const f32, q: *mut u8) -> Option<(f32, i32)> {
         let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(x.add(4 * i)));
         let mut m = vdupq_n_f32(0.0);
