@@ -876,3 +876,51 @@ fn packed_kernels_have_a_packed_layout() {
         }
     }
 }
+
+/// The pair layout puts each byte where `matmul::interleave_pairs`' docs say: three Q8_1
+/// rows of two blocks (the third paired with zeros), every code and side value distinct.
+#[test]
+fn pair_layout_is_as_documented() {
+    use super::matmul::{interleave_pairs, PAIR_BB, Q8_1_SIDE};
+    let (n, k) = (3usize, 64usize);
+    let nb = k / 32;
+    let qs = nb * 36 + nb * Q8_1_SIDE;
+    let q: Vec<u8> = (0..n * qs).map(|i| (i % 251) as u8).collect();
+    let mut out = vec![0xa5u8; n.div_ceil(2) * nb * PAIR_BB];
+    interleave_pairs(&q, n, k, qs, &mut out);
+    for p in 0..2 {
+        for b in 0..nb {
+            let o = &out[(p * nb + b) * PAIR_BB..][..PAIR_BB];
+            for i in 0..2 {
+                let t = 2 * p + i;
+                let code = |e: usize| if t < n { q[t * qs + b * 36 + 4 + e] } else { 0 };
+                let side = |j: usize| {
+                    if t < n {
+                        q[t * qs + nb * 36 + b * Q8_1_SIDE..][j..j + 4].to_vec()
+                    } else {
+                        vec![0; 4]
+                    }
+                };
+                for e in 0..32 {
+                    assert_eq!(
+                        o[16 * (e / 8) + 8 * i + e % 8],
+                        code(e),
+                        "pair {p} block {b} row {i} code {e}"
+                    );
+                }
+                for lane in [i, i + 2] {
+                    assert_eq!(
+                        o[64 + 4 * lane..68 + 4 * lane],
+                        side(4)[..],
+                        "dx lane {lane}"
+                    );
+                    assert_eq!(
+                        o[80 + 4 * lane..84 + 4 * lane],
+                        side(0)[..],
+                        "s lane {lane}"
+                    );
+                }
+            }
+        }
+    }
+}

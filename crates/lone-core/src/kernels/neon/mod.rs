@@ -1,6 +1,7 @@
-//! aarch64 kernels, two levels: NEON (the ARMv8.0 baseline: Raspberry Pi 4, every 64-bit ARM
-//! core) and NEON + dotprod (`sdot`, ARMv8.2+: Raspberry Pi 5, Apple M1 and later, Snapdragon,
-//! Graviton 2+).
+//! aarch64 kernels, three levels: NEON (the ARMv8.0 baseline: Raspberry Pi 4, every 64-bit
+//! ARM core), NEON + dotprod (`sdot`, ARMv8.2+: Raspberry Pi 5, Apple M1 and later,
+//! Snapdragon, Graviton 2+) and + i8mm (`smmla`, ARMv8.6: Apple M2 and later, Graviton 3/4),
+//! which differs from dotprod in its kernels for several activation rows only.
 //!
 //! Every format has
 //! - an **exact** matrix-vector kernel (f32 activations): float formats widened in registers
@@ -13,7 +14,10 @@
 //!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
 //!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod;
 //!   at the dotprod level the formats with a rows-by-8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//!   Q2_K, Q3_K, Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows).
+//!   Q2_K, Q3_K, Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows);
+//! - for several activation rows of the 32-element formats, kernels over activations
+//!   interleaved in pairs of rows (`pairs`): `sdot` by element (dotprod: Q4_0, Q5_0, Q5_1)
+//!   or `smmla` (i8mm: all five), each weight block decoded once for up to 16 rows.
 //!
 //! The bodies are `#[inline(always)]` generics instantiated in the entry points below (the
 //! dotprod ones inside `#[target_feature(enable = "dotprod")]`). `sdot` is emitted with
