@@ -283,10 +283,8 @@ pub(super) unsafe fn rows_task(
         };
         // The rows of whole groups of 8 (a multiple of 8: tiles start groups) go to the
         // pairs kernel when there is one, the rest to the matrix-vector kernel.
-        let (grouped, wide) = match (job.kern.pairs, pairs) {
-            (Some(f), Some(p)) => ((m / 8 * 8).clamp(r0, r0 + rows) - r0, Some((f, p))),
-            _ => (0, None),
-        };
+        let wide = job.kern.pairs.zip(pairs);
+        let grouped = wide.map_or(0, |_| (m / 8 * 8).clamp(r0, r0 + rows) - r0);
         if let Some((f, (pp, ps))) = wide.filter(|_| grouped > 0) {
             for t0 in (0..n).step_by(PAIR_ROWS) {
                 // SAFETY: as below; pairs t0/2.. of the pair layout hold rows t0..t0+nx.
