@@ -335,6 +335,10 @@ def test_body_size_limit_and_unknown_route(tiny):
     assert_error(tiny.post("/v1/completions", content=big), 413)
     assert_error(tiny.post("/v1/nothing-here", json={}), 404)
     assert_error(tiny.get("/v1/chat/completions"), 405)
+    # A path that is not UTF-8 once percent-decoded: OpenAI's error JSON, not a plain-text 400.
+    r = tiny.get("/v1/models/%ff%fe")
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    assert_error(r, 400, "model")
 
 
 def test_metrics_format(tiny):

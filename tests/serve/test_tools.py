@@ -118,6 +118,27 @@ def test_forced_calls_are_valid_at_temperature_one(smol):
             jsonschema.validate(json.loads(t.function.arguments), WEATHER["function"]["parameters"])
 
 
+def test_forced_calls_cut_by_max_tokens_are_calls_or_nothing(smol):
+    """A budget that ends inside a forced call: `finish_reason: "length"`, the complete calls
+    alone (valid arguments), and no half-call text in `content` — streamed or not."""
+    c = smol.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
+    for max_tokens in (4, 12, 20, 30, 45, 60, 75):
+        kw = dict(model=smol.model, messages=ask, tools=[WEATHER], tool_choice="required",
+                  temperature=0, max_tokens=max_tokens)
+        ch = c.chat.completions.create(**kw).choices[0]
+        assert ch.finish_reason == "length", (max_tokens, ch)
+        assert not ch.message.content, (max_tokens, ch.message)
+        for t in ch.message.tool_calls or []:
+            jsonschema.validate(json.loads(t.function.arguments), WEATHER["function"]["parameters"])
+        content, finish = "", None
+        for chunk in c.chat.completions.create(stream=True, **kw):
+            if chunk.choices:
+                content += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        assert finish == "length" and content == "", (max_tokens, content)
+
+
 def test_tool_round_trip(smol):
     c = smol.client()
     r = c.chat.completions.create(model=smol.model, messages=ASK, tools=[WEATHER], tool_choice="required",

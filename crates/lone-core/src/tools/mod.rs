@@ -304,7 +304,7 @@ impl ReplyParser {
                     if let Some(p) = self.buf.find(end) {
                         let inner: String = self.buf[..p].to_string();
                         self.buf.drain(..p + end.len());
-                        self.close_block(&inner, true, &mut out);
+                        self.close_block(&inner, End::Closed, &mut out);
                         continue;
                     }
                     if self.state == State::Think {
@@ -331,23 +331,42 @@ impl ReplyParser {
 
     /// The end of the text: whatever is held back.
     pub fn finish(&mut self) -> Vec<ReplyDelta> {
+        self.finish_ended(false)
+    }
+
+    /// The end of the text, `cut` when the token budget ended it (finish reason `length`):
+    /// a tool-call block it cut short that does not parse is then dropped with a warning
+    /// instead of coming back as content, as is a call-start marker it cut, so a cut reply is
+    /// its complete calls (or its text) alone. An unclosed block loses a partial end marker
+    /// before it is parsed.
+    pub fn finish_ended(&mut self, cut: bool) -> Vec<ReplyDelta> {
         let mut out = Vec::new();
-        let rest = std::mem::take(&mut self.buf);
+        let mut rest = std::mem::take(&mut self.buf);
         match self.state {
             State::Text => {
+                let marker = match self.opt.tools.filter(|_| cut) {
+                    Some(f) => partial_suffix(&rest, f.markers().0),
+                    None => 0,
+                };
+                rest.truncate(rest.len() - marker);
                 self.text(&rest, &mut out);
                 let ws = std::mem::take(&mut self.ws);
-                if !ws.is_empty() {
+                // Whitespace before a (cut) block is dropped, as before a whole one.
+                if !ws.is_empty() && marker == 0 {
                     out.push(ReplyDelta::Content(ws));
                 }
             }
             // An unclosed block (the model stopped at EOS or the budget).
-            _ => self.close_block(&rest, false, &mut out),
+            _ => {
+                rest.truncate(rest.len() - partial_suffix(&rest, self.end_marker()));
+                let end = if cut { End::Cut } else { End::Unclosed };
+                self.close_block(&rest, end, &mut out)
+            }
         }
         out
     }
 
-    fn close_block(&mut self, inner: &str, closed: bool, out: &mut Vec<ReplyDelta>) {
+    fn close_block(&mut self, inner: &str, end: End, out: &mut Vec<ReplyDelta>) {
         match self.state {
             State::Think => {
                 let s = if self.trim_next {
@@ -390,8 +409,15 @@ impl ReplyParser {
                         self.calls += 1;
                     }
                 }
+                Err(e) if end == End::Cut => out.push(ReplyDelta::Warning(format!(
+                    "dropped a tool-call block that the token budget cut short ({e})"
+                ))),
                 Err(e) => {
-                    let what = if closed { "" } else { " (unclosed)" };
+                    let what = if end == End::Closed {
+                        ""
+                    } else {
+                        " (unclosed)"
+                    };
                     out.push(ReplyDelta::Warning(format!(
                         "a tool-call block{what} did not parse ({e}); returned as content"
                     )));
@@ -437,6 +463,15 @@ impl ReplyParser {
     }
 }
 
+/// How a block ended: by its end marker, at the end of the text, or at the end of the token
+/// budget.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    Closed,
+    Unclosed,
+    Cut,
+}
+
 /// Length of the longest suffix of `s` that is a proper prefix of `marker`.
 fn partial_suffix(s: &str, marker: &str) -> usize {
     (1..marker.len().min(s.len() + 1))
@@ -447,9 +482,14 @@ fn partial_suffix(s: &str, marker: &str) -> usize {
 
 /// Parse a whole reply at once (the same as streaming it).
 pub fn parse_reply(opt: ReplyOptions, text: &str) -> Reply {
+    parse_reply_ended(opt, text, false)
+}
+
+/// [`parse_reply`] of a reply the token budget cut when `cut` ([`ReplyParser::finish_ended`]).
+pub fn parse_reply_ended(opt: ReplyOptions, text: &str, cut: bool) -> Reply {
     let mut p = ReplyParser::new(opt);
     let mut r = Reply::default();
-    for d in p.push(text).into_iter().chain(p.finish()) {
+    for d in p.push(text).into_iter().chain(p.finish_ended(cut)) {
         r.add(d);
     }
     r

@@ -156,6 +156,64 @@ fn malformed_blocks_come_back_as_content_without_markers() {
     }
 }
 
+/// A reply the token budget cut inside a call block: its complete calls alone, no content
+/// (the shape OpenAI's API gives with `finish_reason: "length"`); a block cut right at its
+/// end marker still parses. The same text ended by the model (EOS) keeps the old rule:
+/// an unparsed block comes back as content.
+#[test]
+fn a_call_cut_by_the_budget_is_dropped_not_returned_as_content() {
+    let first = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n";
+    for (f, text, calls, eos_content) in [
+        (
+            ToolFormat::Hermes,
+            format!("{first}<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"a\""),
+            1,
+            "{\"name\": \"f\", \"arguments\": {\"a\"",
+        ),
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_w".to_string(),
+            0,
+            "{\"name\": \"get_w",
+        ),
+        (
+            ToolFormat::Hermes,
+            format!("{first}<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"a\": 2}}}}\n</tool"),
+            2,
+            "",
+        ),
+        (
+            ToolFormat::Lfm2,
+            "Sure. <|tool_call_start|>[f(a=1), g(b=".to_string(),
+            0,
+            "Sure. [f(a=1), g(b=",
+        ),
+        (ToolFormat::Hermes, "<tool_".to_string(), 0, "<tool_"),
+        (ToolFormat::Lfm2, "Sure. <|tool_call".to_string(), 0, "Sure. <|tool_call"),
+    ] {
+        for pieces in [text.len(), 3] {
+            let mut p = ReplyParser::new(opts(f));
+            let mut r = Reply::default();
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(pieces) {
+                for d in p.push(&piece.iter().collect::<String>()) {
+                    r.add(d);
+                }
+            }
+            for d in p.finish_ended(true) {
+                r.add(d);
+            }
+            assert_eq!(r, parse_reply_ended(opts(f), &text, true), "{text}");
+            assert_eq!(r.calls.len(), calls, "{text}");
+            let want = if f == ToolFormat::Lfm2 { "Sure." } else { "" };
+            assert_eq!(r.content, want, "{text}");
+        }
+        let eos = parse(f, &text);
+        assert_eq!(eos.calls.len(), calls, "{text}");
+        assert_eq!(eos.content, eos_content, "{text}");
+    }
+}
+
 #[test]
 fn plain_text_passes_unchanged() {
     for text in [

@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -542,7 +542,22 @@ async fn list_models(State(st): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-async fn get_model(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
+/// `GET /v1/models/{id}`; an id that is not UTF-8 once percent-decoded is a 400 in OpenAI's
+/// error shape, as every other bad request.
+async fn get_model(
+    State(st): State<Arc<AppState>>,
+    id: Result<UrlPath<String>, PathRejection>,
+) -> Response {
+    let UrlPath(id) = match id {
+        Ok(id) => id,
+        Err(e) => {
+            let msg = format!(
+                "{}: the model id must be percent-encoded UTF-8",
+                e.body_text()
+            );
+            return ApiError::invalid("model", msg).into_response();
+        }
+    };
     match st.models.find(Some(&id)) {
         Ok(e) => Json(model_object(&st, e, &e.status())).into_response(),
         Err(e) => e.into_response(),

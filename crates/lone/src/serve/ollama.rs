@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use lone_core::generate::FinishReason;
 use lone_core::tools::{ReplyDelta, ReplyParser};
 use serde_json::{json, Map, Value};
 
@@ -228,7 +229,7 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
         };
         let mut p = ReplyParser::new(opts);
         let mut d = p.push(&c.text);
-        d.extend(p.finish());
+        d.extend(p.finish_ended(c.finish == Some(FinishReason::Length)));
         let (content, thinking) = split(d);
         let mut m = piece(api, &model, &content, &thinking);
         m.insert("done".into(), json!(true));
@@ -279,7 +280,8 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
                         completion_tokens,
                         ..
                     } => {
-                        let (c, t) = split(s.parser.finish());
+                        let cut = finish == FinishReason::Length;
+                        let (c, t) = split(s.parser.finish_ended(cut));
                         let mut m = piece(api, &model, &c, &t);
                         m.insert("done".into(), json!(true));
                         m.insert("done_reason".into(), json!(finish.as_str()));

@@ -586,7 +586,8 @@ pub fn full_response(meta: &Meta, text: &TextIo, choices: &[ChoiceAcc]) -> Value
         .map(|(i, c)| match meta.kind {
             Kind::Chat => {
                 let opt = meta.reply.clone().unwrap_or_default();
-                let reply = lone_core::tools::parse_reply(opt, &c.text);
+                let cut = c.finish == Some(FinishReason::Length);
+                let reply = lone_core::tools::parse_reply_ended(opt, &c.text, cut);
                 for w in &reply.warnings {
                     eprintln!("lone serve: warning: {w}");
                 }
@@ -767,7 +768,7 @@ impl Chunker {
                 let mut calls = 0;
                 if let Some(p) = self.parsers.get_mut(index) {
                     let ds: Vec<Value> = p
-                        .finish()
+                        .finish_ended(finish == FinishReason::Length)
                         .into_iter()
                         .flat_map(super::tools::deltas)
                         .collect();
