@@ -5,7 +5,7 @@
 //! take the test binary down, which fails the test too.)
 //!
 //! `LONE_MUTATIONS=N` sets the mutations per fixture file (default 60 here: CI runs a sample;
-//! the session notes record longer local runs).
+//! run thousands locally after touching a loader).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

@@ -586,7 +586,7 @@ pub(super) struct Active {
 /// of `isa`: every SIMD family ([`Isa::has_8bit`]), every format with 8-bit kernels. The 4/5-bit legacy formats take the
 /// rows-by-8 packed kernels ([`packed`]), bandwidth-bound where the exact ones are not
 /// (LFM2-350M Q4_0 decode: 110-116 against 74-88 tok/s; Qwen2.5-0.5B Q4_K_M, whose 896-wide
-/// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/performance.md).
+/// rows make llama-quantize fall back to Q5_0: 58-63 against 46-53; docs/perf/history.md).
 pub(super) fn auto_8bit(isa: Isa, dtype: DType) -> bool {
     isa.has_8bit() && act_format_on(isa, dtype).is_some()
 }

@@ -48,7 +48,7 @@ pub(in crate::kernels) unsafe fn pair_shuffle(j: usize) -> __m256i {
 /// 8-bit K-quant kernels otherwise stall on their weight loads (LFM2-350M Q4_K_M decode on a
 /// 2-vCPU Xeon guest). Into L2 (T1), as the packed kernels: on Zen 4 a packed kernel's
 /// T0 prefetches (18-27 lines a block) filled L1's miss queue, and streaming weights from
-/// memory went slower than with none (docs/performance.md, eighteenth session).
+/// memory went slower than with none (docs/perf/history.md, 2026-12-04).
 #[inline(always)]
 unsafe fn prefetch_block(wb: *const u8, bb: usize) {
     let ahead = wb.wrapping_add(PREFETCH);
