@@ -53,11 +53,14 @@ for line in sys.stdin:
 }
 # Model-level tests on the random-weight fixtures (seconds under qemu): parity (the f32 path
 # against transformers), the default and fast modes' 8-bit decode and head copy (fast_mode),
-# cached and chunked prefixes giving the cold logits (cache).
-tests=(--test parity --test fast_mode --test cache)
+# cached and chunked prefixes giving the cold logits (cache), and the default mode's same
+# answer for one request however it is batched, cached, chunked or speculated
+# (batch_invariance's `the_same_request_gives_the_same_answer`, with 2 threads; the default
+# model on `max` only).
+tests=(--test parity --test fast_mode --test cache --test batch_invariance)
 "$CARGO" test --release --target aarch64-unknown-linux-gnu -p lone-core --lib "${tests[@]}" --no-run
 mapfile -t bins < <(build)
-[ ${#bins[@]} -eq 4 ] || { echo "expected 4 test binaries, got: ${bins[*]}" >&2; exit 1; }
+[ ${#bins[@]} -eq 5 ] || { echo "expected 5 test binaries, got: ${bins[*]}" >&2; exit 1; }
 
 cpus=${AARCH64_CPUS:-"cortex-a72 cortex-a76 max"}
 threads=${AARCH64_THREADS:-"1 2"}
@@ -70,7 +73,15 @@ for cpu in $cpus; do
       # reference), the pool, the vector ops; the model-level tests above, whole.
       filter=()
       [ "$name" = lone_core ] && filter=(kernels::)
-      LONE_THREADS=$t RUST_TEST_THREADS=$t timeout 1200 \
+      models=all
+      if [ "$name" = batch_invariance ]; then
+        [ "$t" = 2 ] || continue
+        filter=(the_same_request_gives_the_same_answer)
+        # The default model (SmolLM2, most of the time under qemu) on the i8mm class only,
+        # whose kernels for several rows cover every legacy format; the fixtures everywhere.
+        [ "$cpu" = max ] || models=fixtures
+      fi
+      LONE_TEST_MODELS=$models LONE_THREADS=$t RUST_TEST_THREADS=$t timeout 1200 \
         qemu-aarch64 -L "$SYSROOT" -cpu "$cpu" "$bin" "${filter[@]}" "$@"
     done
   done

@@ -396,7 +396,10 @@ def test_graceful_shutdown_on_sigterm():
 # ---------------------------------------------------------------- the real model
 
 
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# With a system prompt: SmolLM2-135M Q4_1's answer without one is a close call (0.24 nats on the
+# f32 path) that 8-bit activations flip, in lone's default mode as in llama.cpp.
+FRANCE = [{"role": "system", "content": "You answer in one short sentence."},
+          {"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_real_model_knows_paris(smol):

@@ -13,8 +13,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use lone_core::engine::{Event, GenRequest, Scheduler};
+use lone_core::engine::{Event, GenRequest, Scheduler, SpecParams, SpecTypes, Speculator};
 use lone_core::kernels::Mode;
 use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::text::TextIo;
@@ -29,8 +30,18 @@ fn fixture(name: &str, file: &str) -> PathBuf {
 
 /// (label, model, a prompt of at least 40 tokens).
 fn cases() -> Vec<(String, Model, Vec<u32>)> {
+    cases_with_paths()
+        .into_iter()
+        .map(|(l, m, p, _)| (l, m, p))
+        .collect()
+}
+
+/// [`cases`] with each model's path.
+fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
     let mut out = Vec::new();
-    {
+    // `LONE_TEST_MODELS=fixtures` leaves the default model out (the aarch64 suite under qemu
+    // runs it on one CPU class only: it is most of the time).
+    if std::env::var("LONE_TEST_MODELS").as_deref() != Ok("fixtures") {
         let p = common::default_model();
         let m = Model::load(&p).unwrap();
         let t = TextIo::load(&m, &p).unwrap();
@@ -40,27 +51,42 @@ fn cases() -> Vec<(String, Model, Vec<u32>)> {
                 "What is 2 + 2? Explain how you add two numbers, in one sentence.",
             )
             .unwrap();
-        out.push(("smollm2-q4_1".to_string(), m, prompt));
+        out.push(("smollm2-q4_1".to_string(), m, prompt, p));
     }
     for (fam, file) in [
         ("lfm2_a", "model-q8_0.gguf"),
         ("qwen2", "model-q8_0.gguf"),
         ("lfm3", "model-f32.gguf"),
     ] {
-        let m = Model::load(&fixture(fam, file)).unwrap();
+        let path = fixture(fam, file);
+        let m = Model::load(&path).unwrap();
         let v = m.cfg.vocab_size as u32;
         // A deterministic prompt of 45 in-vocabulary tokens.
         let prompt = (0..45u32).map(|i| (i * 7919 + 13) % v).collect();
-        out.push((format!("{fam}/{file}"), m, prompt));
+        out.push((format!("{fam}/{file}"), m, prompt, path));
     }
     out
 }
 
-/// One sequence's output: its tokens and the logits each was sampled from.
-#[derive(Debug, PartialEq)]
+/// One sequence's output: its tokens and the logits each was sampled from (what is
+/// compared), and how many tokens speculation drafted for it.
+#[derive(Debug)]
 struct Run {
     tokens: Vec<u32>,
     logits: Vec<f32>,
+    drafted: usize,
+}
+
+impl PartialEq for Run {
+    fn eq(&self, o: &Run) -> bool {
+        self.tokens == o.tokens
+            && self.logits.len() == o.logits.len()
+            && self
+                .logits
+                .iter()
+                .zip(&o.logits)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
 }
 
 fn request(prompt: &[u32], max_tokens: usize) -> GenRequest {
@@ -109,9 +135,13 @@ fn drive(m: &Model, sched: &mut Scheduler, admit_at: Vec<(usize, GenRequest)>) -
     slots
         .iter()
         .zip(tokens)
-        .map(|(&s, tokens)| Run {
-            tokens,
-            logits: sched.take_finished(s).unwrap().take_logits(),
+        .map(|(&s, tokens)| {
+            let mut seq = sched.take_finished(s).unwrap();
+            Run {
+                tokens,
+                drafted: seq.spec_stats().drafted,
+                logits: seq.take_logits(),
+            }
         })
         .collect()
 }
@@ -230,4 +260,86 @@ fn many_sequences_decoding_together_give_the_alone_logits() {
             }
         }
     });
+}
+
+/// The default mode's promise: one greedy request gives the same tokens and the same logits
+/// (so the same logprobs) however it reaches the model. The request's prompt begins with an
+/// earlier request's prompt and reply (a chat's second turn); it is run
+/// - cold and alone (the reference);
+/// - after that earlier request in the same slot, so the reply's tokens come from the cache,
+///   where they were computed as decode rows, not as prompt rows;
+/// - admitted together with 1, 3 and 7 other requests (the prefill budget shared, so its
+///   prompt is chunked differently, and its decode rows share passes with their prompt and
+///   decode rows);
+/// - speculated (a draft model's tokens verified as several rows of one pass).
+#[test]
+fn the_same_request_gives_the_same_answer() {
+    let mut failures = Vec::new();
+    for (label, mut m, prompt, path) in cases_with_paths() {
+        m.compute.mode = Some(Mode::Auto);
+        let (n, first) = (10, &prompt[..16]);
+        let reply = alone(&m, first, 8).tokens;
+        let mut req: Vec<u32> = first.to_vec();
+        req.extend(&reply);
+        req.extend(&prompt[16..40]);
+        let cold = alone(&m, &req, n);
+        let mut check = |what: String, got: &Run| {
+            if *got != cold {
+                failures.push(format!("{label}: {what}: {}", first_difference(got, &cold)));
+            }
+        };
+        // The earlier turn in the same slot: its reply's tokens (but the last) are cached.
+        let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
+        drive(&m, &mut s, vec![(0, request(first, 8))]);
+        let warm = drive(&m, &mut s, vec![(0, request(&req, n))])
+            .pop()
+            .unwrap();
+        check("after the earlier turn (its reply cached)".into(), &warm);
+        for others in [1, 3, 7] {
+            let caches = (0..=others).map(|_| m.new_cache()).collect();
+            let mut s = Scheduler::new(caches, 1 << 20, Vec::new(), None);
+            let v = m.cfg.vocab_size as u32;
+            let mut admit = vec![(0, request(&req, n))];
+            for j in 0..others {
+                // Long prompts beside it (they share the prefill budget), some arriving
+                // while it decodes.
+                let len = 24 + 16 * j;
+                let p: Vec<u32> = (0..len as u32)
+                    .map(|i| (i * 31 + 7 * j as u32) % v)
+                    .collect();
+                admit.push((j % 3, request(&p, 5 + j)));
+            }
+            let got = drive(&m, &mut s, admit).swap_remove(0);
+            check(format!("beside {others} other requests"), &got);
+        }
+        // The model drafting for itself (a second copy, in fast mode as a draft model is):
+        // drafts are always there, and mostly accepted.
+        let t = TextIo::load(&m, &path).unwrap();
+        let params = SpecParams {
+            types: SpecTypes {
+                draft: true,
+                ..Default::default()
+            },
+            draft_max: 4,
+            ..Default::default()
+        };
+        let draft = Model::load(&path).unwrap();
+        let d = Some((draft, &t.tokenizer));
+        let spec = Arc::new(Speculator::new(params, &m, &t.tokenizer, d).unwrap());
+        let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), Some(spec));
+        let got = drive(&m, &mut s, vec![(0, request(&req, n))])
+            .pop()
+            .unwrap();
+        assert!(
+            got.drafted > 0,
+            "{label}: nothing was drafted: the case tests nothing"
+        );
+        if got != cold {
+            failures.push(format!(
+                "{label}: speculated: {}",
+                first_difference(&got, &cold)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -14,15 +14,16 @@ use clap::{Parser, Subcommand};
 struct Cli {
     /// Fast mode: 8-bit (bf16 for BF16 weights) activations in every quantized matrix
     /// product, as llama.cpp does — faster, logits no longer exactly transformers' on the
-    /// dequantized weights. Same as `LONE_EXACT=0`. Default: auto (on x86 and ARM, exact prompt
-    /// processing and 8-bit decode for Q4_0/Q4_1/Q8_0/K-quant weights, with the top logits
-    /// recomputed exactly)
+    /// dequantized weights. Same as `LONE_EXACT=0`. Default: auto (on x86 and ARM, 8-bit
+    /// activations for quantized weights in every row, each row computed as if alone, so
+    /// a request's output does not depend on batching or caching; the top logits recomputed
+    /// exactly)
     #[arg(long, global = true, conflicts_with = "exact")]
     fast: bool,
     /// Exact mode: f32 activations everywhere, logits equal to transformers' on the dequantized
-    /// weights. Same as `LONE_EXACT=1`. Default: auto (on x86 and ARM, exact prompt processing and
-    /// 8-bit decode for Q4_0/Q4_1/Q8_0/K-quant weights, with the top logits recomputed
-    /// exactly)
+    /// weights. Same as `LONE_EXACT=1`. Default: auto (on x86 and ARM, 8-bit activations for
+    /// quantized weights in every row, each row computed as if alone; the top logits
+    /// recomputed exactly)
     #[arg(long, global = true)]
     exact: bool,
     /// How the attention cache stores keys and values: f16 (half the memory per context

@@ -507,10 +507,10 @@ impl<'t> Scheduler<'t> {
             })
             .collect();
         prefilling.sort_unstable();
-        // Prompt rows go in a pass of their own (outside fast mode): they are processed
-        // exactly, decode rows with the mode's kernels, and neither changes with the other's
-        // presence — a sequence's logits are the same alone, batched, or after a cached
-        // prefix (tests/batch_invariance.rs). Fast mode shares one pass.
+        // Prompt rows go in a pass of their own in exact mode (the f32 GEMM, decode rows the
+        // matrix-vector kernels; neither changes with the other's presence); the default
+        // and fast modes share one pass. A sequence's logits are the same alone, batched,
+        // or after a cached prefix (tests/batch_invariance.rs).
         let mut pbatch = Batch {
             prompt: true,
             ..Batch::default()
@@ -555,7 +555,7 @@ impl<'t> Scheduler<'t> {
             }
             spec.prefill_drafts(&mut seqs)?;
         }
-        let passes = if model.compute.mode() == kernels::Mode::Fast {
+        let passes = if model.compute.mode() != kernels::Mode::Exact {
             for ((&t, r), &l) in pbatch.tokens.iter().zip(&pbatch.rows).zip(&pbatch.logits) {
                 batch.push(r.seq, r.pos, t, l);
             }

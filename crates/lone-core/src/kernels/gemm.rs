@@ -9,7 +9,8 @@ use super::*;
 pub(super) const GEMM_MIN_ROWS: usize = 16;
 
 /// The same for fast mode's 8-bit GEMM (crossover ≈ 6 rows: its unpacking pass is cheap).
-pub(crate) const IGEMM_MIN_ROWS: usize = 6;
+#[cfg(target_arch = "x86_64")]
+pub(super) const IGEMM_MIN_ROWS: usize = 6;
 
 /// The same for fast mode's bf16 GEMM (no unpacking at all; 16 rows per pass).
 #[cfg(target_arch = "x86_64")]
@@ -180,6 +181,22 @@ pub(super) fn with_stored_rows_unless<R>(
         f(std::ptr::null())
     } else {
         with_stored_rows(w, range, f)
+    }
+}
+
+/// Row `i` of `w` in its stored layout, read from its packed copy once it has one (so the
+/// file's pages that the copy handed back are not read again): `buf` is scratch space.
+pub(crate) fn stored_row<'a>(w: &'a Tensor, i: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+    let rb = w.row_bytes();
+    match w.packed_if_built() {
+        Some(p) if packed::packs(w.dtype) => {
+            let g0 = i / packed::GROUP * packed::GROUP;
+            let rows = packed::GROUP.min(w.n_rows() - g0);
+            grow(buf, rows * rb);
+            packed::stored_rows(w, p, g0, rows, buf);
+            &buf[(i - g0) * rb..(i - g0 + 1) * rb]
+        }
+        _ => w.row(i),
     }
 }
 

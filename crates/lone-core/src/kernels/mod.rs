@@ -75,13 +75,13 @@ use mode::*;
 use table::*;
 use vecops::*;
 
-pub(crate) use gemm::IGEMM_MIN_ROWS;
+pub(crate) use gemm::stored_row;
 pub use matmul::{matmul, matmul_many, matmul_with};
+pub(crate) use mode::q8_0_copy_for_fast_rows;
 pub use mode::{
     decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,
     Mode, Scope,
 };
-pub(crate) use mode::{fast_rows_packed, q8_0_copy_for_fast_rows};
 pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, softmax_unnormalized, Rope};
 pub use table::{isa, row_invariant_rows, Isa};
 pub use vecops::{dot_rows, mix_rows, KvSlice};

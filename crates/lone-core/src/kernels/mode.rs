@@ -9,15 +9,16 @@ pub enum Mode {
     Fast = 0,
     /// f32 activations everywhere: logits equal transformers' on the dequantized weights.
     Exact = 1,
-    /// The default: on the SIMD families (x86 AVX2 and above, aarch64 NEON and above),
-    /// prompt processing is exact (on x86 through the f32 GEMM) and the matrix-vector
-    /// products of quantized weights with 8-bit kernels (decode; Q4_0-Q8_0 and Q4_K-Q6_K, see
-    /// `auto_8bit`) take them.
-    /// `Model::forward` then
-    /// recomputes each row's top output logits exactly, so the token picked is the exact
-    /// head's. Exact f32 decode measured 0.6-0.9x llama.cpp on 4-bit formats (compute-bound
-    /// on one AVX-512 machine and on AVX2), the 8-bit kernels 1.0-1.2x. On the scalar
-    /// kernels `Exact`. [`Mode::resolved`] says what it means on this CPU.
+    /// The default: one numeric policy for every row of every pass, so that a request's
+    /// output does not depend on batching, chunking, caching or speculation. On the SIMD
+    /// families (x86 AVX2 and above, aarch64 NEON and above) the products of quantized
+    /// weights that have 8-bit kernels there (`auto_8bit`) take the
+    /// 8-bit matrix-vector kernels for every row count, prompt rows included (their result
+    /// for a row does not depend on the other rows), the other formats the exact
+    /// matrix-vector kernels, attention its per-row form, and `Model::forward` recomputes
+    /// each logit row's top output logits exactly, so the token picked is the exact head's.
+    /// On the scalar kernels `Exact` throughout. [`Mode::resolved`] says what it means on
+    /// this CPU.
     Auto = 2,
 }
 
@@ -53,11 +54,12 @@ pub(super) struct Here {
     /// The model's own mode while `mode` is a prompt pass's exact one (what its decode rows
     /// take: whether the packed layouts are in use).
     pub(super) base: Option<Mode>,
-    /// Prompt rows: every row count takes the f32 GEMM where the format has one (see
-    /// [`Compute::enter`]).
+    /// Exact mode's prompt rows: every row count takes the f32 GEMM where the format has
+    /// one (see [`Compute::enter`]).
     pub(super) prompt: bool,
-    /// Decode rows of a model's pass outside fast mode: the matrix-vector kernels for every
-    /// row count (never the many-row GEMM), so a row's result does not depend on the batch.
+    /// A model's pass outside fast mode but for exact mode's prompt rows: the
+    /// matrix-vector kernels for every row count (never a many-row GEMM), so a row's
+    /// result does not depend on the batch.
     pub(super) decode: bool,
     /// Most threads a parallel region of this thread uses; None: the pool's.
     pub(super) threads: Option<usize>,
@@ -116,15 +118,16 @@ pub fn mode() -> Mode {
     HERE.with(|c| c.get()).mode.unwrap_or_else(global_mode)
 }
 
-/// Whether this thread's matmuls are on prompt rows ([`Compute::enter`]): attention then
-/// takes its GEMM form for every run of rows too.
+/// Whether this thread's matmuls are exact mode's prompt rows ([`Compute::enter`]):
+/// attention then takes its GEMM form for every run of rows too.
 pub fn prompt_rows() -> bool {
     HERE.with(|c| c.get()).prompt
 }
 
-/// Whether this thread's matmuls are a model's decode rows outside fast mode
-/// ([`Compute::enter`]): every row count takes the matrix-vector kernels, and attention its
-/// per-row form, so a decode row's result is the same alone or in any batch.
+/// Whether this thread's matmuls are a model's rows that must multiply as one row alone
+/// ([`Compute::enter`]: every row of the default mode, exact mode's decode rows): every row
+/// count takes the matrix-vector kernels, and attention its per-row form, so a row's
+/// result is the same alone or in any batch.
 pub fn decode_rows() -> bool {
     HERE.with(|c| c.get()).decode
 }
@@ -156,14 +159,16 @@ impl Compute {
     }
 
     /// Put this context in force on the current thread until the guard drops. `prompt`: the
-    /// rows are prompt tokens. Outside fast mode those are processed exactly and every row
-    /// count takes the f32 GEMM (on x86), whose result for a row does not depend on the other
-    /// rows or their number (each output is one FMA chain over `k`): a prompt gives the same
-    /// logits whether it comes whole, in chunks, or after a cached prefix. Decode rows take
-    /// the mode's matrix-vector kernels.
+    /// rows are prompt tokens. The default mode multiplies every row as a decode row (the
+    /// matrix-vector kernels, 8-bit where the format has them), so a request's rows give
+    /// the same results whether they come as a prompt, whole or in chunks, from a cache,
+    /// or as a previous reply's decoded tokens. Exact mode's prompt rows take the f32 GEMM
+    /// for every row count (each output one FMA chain over `k`: the same for a row whatever
+    /// the other rows), its decode rows the matrix-vector kernels; fast mode picks by row
+    /// count.
     pub fn enter(&self, prompt: bool) -> Scope {
         let m = self.mode();
-        let (mode, prompt) = if prompt && m != Mode::Fast {
+        let (mode, prompt) = if prompt && m == Mode::Exact {
             (Mode::Exact, true)
         } else {
             (m, false)
@@ -214,10 +219,8 @@ pub(super) fn packs_here(dtype: DType) -> bool {
     active().table[dtype_index(dtype)][m as usize].packed
 }
 
-/// Whether fast mode's matrix-vector kernel for `dtype` reads the rows-by-8 packed layout: it
-/// then serves a verify pass's rows at about a GEMM's cost per row without unpacking, so a
-/// model's head keeps it for them (see `Model::forward`).
-pub(crate) fn fast_rows_packed(dtype: DType) -> bool {
+/// Whether fast mode's matrix-vector kernel for `dtype` reads the rows-by-8 packed layout.
+pub(super) fn fast_rows_packed(dtype: DType) -> bool {
     active().table[dtype_index(dtype)][Mode::Fast as usize].packed
 }
 

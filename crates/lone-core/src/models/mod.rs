@@ -338,21 +338,18 @@ impl Model {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
         }
         self.final_norm.forward(&mut xs);
-        // A prompt pass's logit rows (each sequence's last: its first token's logits) take the
-        // exact matrix-vector kernel, each row the same computation whatever else the pass
-        // holds, and not the prompt GEMM, which would dequantize the whole head for a row.
-        // Scoring every row (perplexity) takes the GEMM.
+        // Exact mode's prompt passes multiply their logit rows (each sequence's last) on the
+        // exact matrix-vector kernel, not the prompt GEMM, which would dequantize the whole
+        // head for a row; scoring every row (perplexity) takes the GEMM. In the default mode
+        // every logit row of every pass takes the same kernel (the 8-bit one where the
+        // head's format has it; an F16/BF16 head through its Q8_0 copy, `decode_head`), and
+        // each row's top `RESCORE_TOP` logits are recomputed exactly after, so the token
+        // picked (and the top of a sampled distribution) is the exact head's. (A finite
+        // `row_invariant_rows` means the head is on 8-bit kernels.)
         let exact_rows = crate::kernels::Compute {
             mode: Some(crate::kernels::Mode::Exact),
             threads: None,
         };
-        // Mode::Auto on 8-bit kernels (x86): the head runs on them too, and each row's top
-        // candidates are computed again exactly below, so the token picked (and the top of a
-        // sampled distribution) is the exact head's whatever the 8-bit kernel.
-        // (Only decode passes run in Auto here. A finite limit means the head is on 8-bit
-        // kernels.)
-        // An F16/BF16 head is multiplied through its 8-bit copy (`decode_head`) and rescored
-        // the same way.
         let head = self.decode_head(batch.score_all);
         let copy = !std::ptr::eq(head, &self.lm_head);
         let lim = crate::kernels::row_invariant_rows(head.w.dtype);
@@ -362,25 +359,7 @@ impl Model {
                 && lim != usize::MAX);
         let _head =
             (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
-        let owners: Vec<usize> = sel.iter().map(|&i| batch.rows[i].seq).collect();
-        // A head packed by 8 rows (`kernels::fast_rows_packed`: x86's VNNI levels, aarch64's
-        // dotprod) stays on its
-        // matrix-vector kernel: the GEMM would unpack its tiles first, and costs more at up to
-        // a verify pass's rows (SmolLM2-135M's Q8_0 head on Zen 4: 15-row pass 24-26 ms with
-        // the GEMM, 19 ms without; 8 rows 14.5 -> 11.3 ms).
-        let verify = if rescore
-            && crate::kernels::decode_rows()
-            && !crate::kernels::fast_rows_packed(head.w.dtype)
-        {
-            verify_groups(&owners)
-        } else {
-            Vec::new()
-        };
-        if verify.is_empty() {
-            out.logits = head.forward(&xs, sel.len());
-        } else {
-            out.logits = self.head_by_groups(head, &xs, &owners, &verify);
-        }
+        out.logits = head.forward(&xs, sel.len());
         drop(_head);
         if rescore {
             rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
@@ -430,68 +409,6 @@ impl Model {
 /// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2
 /// against llama.cpp: ≤ 1.2 nats in the top 10), so the exact argmax is among the 8-bit top 32.
 const RESCORE_TOP: usize = 32;
-
-/// Logit rows of one sequence in a decode pass (a speculative verify pass) from which an
-/// 8-bit head takes fast mode's 8-bit GEMM for them (their top logits are rescored exactly
-/// either way): where that GEMM starts.
-const HEAD_GEMM_ROWS: usize = crate::kernels::IGEMM_MIN_ROWS;
-
-/// The sequences (by id) with at least [`HEAD_GEMM_ROWS`] of the logit rows `owners` (each
-/// row's sequence).
-fn verify_groups(owners: &[usize]) -> Vec<usize> {
-    let mut seqs: Vec<usize> = owners.to_vec();
-    seqs.sort_unstable();
-    seqs.dedup();
-    seqs.retain(|&s| owners.iter().filter(|&&o| o == s).count() >= HEAD_GEMM_ROWS);
-    seqs
-}
-
-impl Model {
-    /// The head's logits of the normed rows `xs` (row `i` of sequence `owners[i]`) in a decode
-    /// pass where the sequences `verify` have many rows: each of those sequences' rows in one
-    /// call of fast mode's 8-bit GEMM (one pass over the head's weights for all of them,
-    /// where the matrix-vector kernels make one per 4 rows: a 16-row verify pass of
-    /// SmolLM2-135M spent 40 % of its time in the head), the other rows together on the
-    /// matrix-vector kernels as in any decode pass. What a sequence gets depends on its own
-    /// rows alone, so a sequence's logits stay the same alone or beside others
-    /// (`tests/batch_invariance.rs`); the rows' top logits are rescored exactly after.
-    fn head_by_groups(
-        &self,
-        head: &Linear,
-        xs: &[f32],
-        owners: &[usize],
-        verify: &[usize],
-    ) -> Vec<f32> {
-        let (h, v) = (self.cfg.hidden_size, head.out_dim);
-        let mut logits = vec![0f32; owners.len() * v];
-        let fast = crate::kernels::Compute {
-            mode: Some(crate::kernels::Mode::Fast),
-            threads: None,
-        };
-        let groups = verify.iter().map(|&s| Some(s)).chain(std::iter::once(None));
-        for g in groups {
-            let rows: Vec<usize> = (0..owners.len())
-                .filter(|&i| match g {
-                    Some(s) => owners[i] == s,
-                    None => !verify.contains(&owners[i]),
-                })
-                .collect();
-            if rows.is_empty() {
-                continue;
-            }
-            let mut x = Vec::with_capacity(rows.len() * h);
-            for &i in &rows {
-                x.extend_from_slice(&xs[i * h..(i + 1) * h]);
-            }
-            let _fast = g.is_some().then(|| fast.enter(false));
-            let l = head.forward(&x, rows.len());
-            for (j, &i) in rows.iter().enumerate() {
-                logits[i * v..(i + 1) * v].copy_from_slice(&l[j * v..(j + 1) * v]);
-            }
-        }
-        logits
-    }
-}
 
 impl Model {
     /// The head a pass's logit rows are multiplied by: the model's own, or on x86 an
@@ -551,7 +468,8 @@ impl Model {
 }
 
 /// Replace each row's `k` largest logits by the exact dot products of the head's rows with
-/// the activations (the scalar reference: dequantized weights, f32 activations).
+/// the activations (the scalar reference: dequantized weights, f32 activations). The rows
+/// come from the head's packed copy where it has one, as every other read of it.
 fn rescore_top(head: &Linear, xs: &[f32], logits: &mut [f32], k: usize) {
     let v = head.out_dim;
     let h = head.in_dim;
@@ -560,10 +478,12 @@ fn rescore_top(head: &Linear, xs: &[f32], logits: &mut [f32], k: usize) {
     }
     let k = k.min(v);
     let mut top: Vec<(f32, usize)> = Vec::with_capacity(k);
+    let mut buf = Vec::new();
     for (x, row) in xs.chunks_exact(h).zip(logits.chunks_exact_mut(v)) {
         top_k(row, k, &mut top);
         for &(_, i) in &top {
-            let dot = crate::quant::reference::dot_row(head.w.dtype, head.w.row(i), x)
+            let w = crate::kernels::stored_row(&head.w, i, &mut buf);
+            let dot = crate::quant::reference::dot_row(head.w.dtype, w, x)
                 .expect("head rows are whole blocks (checked at load)");
             row[i] = dot + head.b.as_ref().map_or(0.0, |b| b[i]);
         }

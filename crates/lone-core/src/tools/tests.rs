@@ -189,7 +189,12 @@ fn a_call_cut_by_the_budget_is_dropped_not_returned_as_content() {
             "Sure. [f(a=1), g(b=",
         ),
         (ToolFormat::Hermes, "<tool_".to_string(), 0, "<tool_"),
-        (ToolFormat::Lfm2, "Sure. <|tool_call".to_string(), 0, "Sure. <|tool_call"),
+        (
+            ToolFormat::Lfm2,
+            "Sure. <|tool_call".to_string(),
+            0,
+            "Sure. <|tool_call",
+        ),
     ] {
         for pieces in [text.len(), 3] {
             let mut p = ReplyParser::new(opts(f));

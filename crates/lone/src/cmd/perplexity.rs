@@ -27,12 +27,12 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// Worker threads for the matrix kernels (default: the CPU's cores).
     /// Compare against a base model (same vocabulary): llama-perplexity's --kl-divergence
     /// statistics (mean KL divergence, same top token, Δp, both perplexities).
     #[arg(long, requires = "reference")]
     pub kl_divergence: bool,
-    /// The base model for --kl-divergence (e.g. the f32/bf16 source of a quantized file).
+    /// The base model for --kl-divergence (e.g. the f32/bf16 source of a quantized file),
+    /// run in exact mode whatever the mode of the model scored against it.
     #[arg(long, short)]
     pub reference: Option<PathBuf>,
     /// Worker threads for the matrix kernels (default: the CPU's cores).
@@ -69,8 +69,10 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     };
     if a.kl_divergence {
         let rpath = common::local_model(a.reference.as_deref().unwrap_or(&path))?;
-        let reference = common::load_model(&rpath, a.threads)
+        let mut reference = common::load_model(&rpath, a.threads)
             .with_context(|| format!("cannot load the reference {}", rpath.display()))?;
+        // The base distribution: the reference's exact f32 path.
+        reference.compute.mode = Some(lone_core::kernels::Mode::Exact);
         let json = a.json;
         let r =
             lone_core::perplexity::kl_divergence(&model, &reference, &tokens, &opts, |i, k| {
