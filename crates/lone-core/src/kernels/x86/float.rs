@@ -55,6 +55,14 @@ impl FloatW for WBF16 {
 /// CPUs prefetch for one row too ([`super::intel`]).
 const FLOAT_PREFETCH: usize = 2048;
 
+/// Every row of `a`: each output is ONE vector accumulator over `k` (lane `j` sums the
+/// products at `k ≡ j` modulo the lanes, in order), horizontally summed, then the scalar tail.
+/// That chain does not depend on how many weight rows or activation rows share a step, so a
+/// row's result is the same alone or among any number of rows (the default mode multiplies
+/// prompt rows with these kernels too), and several weight rows per step give the
+/// independent chains that keep the FMA units busy: 4 weight rows × `NX` activation rows,
+/// each weight vector loaded once for the `NX` rows and each activation vector once for the
+/// 4 weight rows (2 weight rows for 3-4 activation rows on 256-bit registers, which hold 16).
 #[inline(always)]
 pub(in crate::kernels) unsafe fn float_rows_n<
     V: F32X,
@@ -64,47 +72,75 @@ pub(in crate::kernels) unsafe fn float_rows_n<
 >(
     a: &MatArgs,
 ) {
+    let mut r = 0;
+    if V::LANES >= 16 || NX <= 2 {
+        while r + 4 <= a.rows {
+            float_group::<V, W, NX, 4, ONE_ROW_PREFETCH>(a, r);
+            r += 4;
+        }
+    }
+    while r + 2 <= a.rows {
+        float_group::<V, W, NX, 2, ONE_ROW_PREFETCH>(a, r);
+        r += 2;
+    }
+    while r < a.rows {
+        float_group::<V, W, NX, 1, ONE_ROW_PREFETCH>(a, r);
+        r += 1;
+    }
+}
+
+/// Weight rows `r0..r0 + R` of `a` against its `NX` activation rows ([`float_rows_n`]).
+#[inline(always)]
+unsafe fn float_group<
+    V: F32X,
+    W: FloatW,
+    const NX: usize,
+    const R: usize,
+    const ONE_ROW_PREFETCH: bool,
+>(
+    a: &MatArgs,
+    r0: usize,
+) {
     let l = V::LANES;
     let k = a.k;
-    for r in 0..a.rows {
-        let w = a.w.add(r * a.w_stride);
-        let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
-        let mut acc = [[V::zero(); 4]; NX];
-        let mut i = 0;
-        while i + 4 * l <= k {
-            if NX >= 2 || ONE_ROW_PREFETCH {
-                // With several activation rows the core is busy multiplying and the hardware
-                // prefetcher alone falls behind: prefetch each cache line of this step.
-                let mut o = 0;
-                while o < 4 * l * W::EB {
-                    // A hint only: past the end of the rows it fetches nothing.
-                    let ahead = w.wrapping_add(i * W::EB + o + FLOAT_PREFETCH);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                    o += 64;
-                }
+    let ws: [*const u8; R] = core::array::from_fn(|j| a.w.add((r0 + j) * a.w_stride));
+    let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+    let mut acc = [[V::zero(); NX]; R];
+    let mut i = 0;
+    while i + l <= k {
+        if (NX >= 2 || ONE_ROW_PREFETCH) && (i * W::EB) % 64 == 0 {
+            // With several activation rows the core is busy multiplying and the hardware
+            // prefetcher alone falls behind: prefetch each row's cache lines ahead, the
+            // group's R rows FLOAT_PREFETCH bytes ahead together: each row its share, past
+            // its end the same row of the next group (the next rows are this group's).
+            let d = i * W::EB + FLOAT_PREFETCH / R;
+            let row_bytes = k * W::EB;
+            let next = if d < row_bytes {
+                d
+            } else {
+                R * a.w_stride + d - row_bytes
+            };
+            for w in ws {
+                // A hint only: past the end of the rows it fetches nothing.
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(next) as *const i8);
             }
-            for u in 0..4 {
-                let wv: V = W::load(w.add((i + u * l) * W::EB));
-                for t in 0..NX {
-                    acc[t][u] = V::fma(wv, V::load(xs[t].add(i + u * l)), acc[t][u]);
-                }
-            }
-            i += 4 * l;
         }
-        while i + l <= k {
-            let wv: V = W::load(w.add(i * W::EB));
+        let xv: [V; NX] = core::array::from_fn(|t| V::load(xs[t].add(i)));
+        for j in 0..R {
+            let wv: V = W::load(ws[j].add(i * W::EB));
             for t in 0..NX {
-                acc[t][0] = V::fma(wv, V::load(xs[t].add(i)), acc[t][0]);
+                acc[j][t] = V::fma(wv, xv[t], acc[j][t]);
             }
-            i += l;
         }
+        i += l;
+    }
+    for j in 0..R {
         for t in 0..NX {
-            let s = V::add(V::add(acc[t][0], acc[t][1]), V::add(acc[t][2], acc[t][3]));
-            let mut s = s.hsum();
-            for j in i..k {
-                s += W::scalar(w.add(j * W::EB)) * *xs[t].add(j);
+            let mut s = acc[j][t].hsum();
+            for e in i..k {
+                s += W::scalar(ws[j].add(e * W::EB)) * *xs[t].add(e);
             }
-            *a.out.add(t * a.out_stride + r) = s;
+            *a.out.add(t * a.out_stride + r0 + j) = s;
         }
     }
 }
