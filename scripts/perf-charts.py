@@ -17,6 +17,8 @@ from pathlib import Path
 
 # CSV stem: (title, label columns, series column, value column)
 CHARTS = {
+    "xeon-default": ("Intel Xeon, default mode (every row alike): lone ÷ llama.cpp tok/s",
+                     ["model", "quant", "test"], "round", "ratio"),
     "zen4-default": ("AMD Zen 4, default mode: lone ÷ llama.cpp tok/s (higher is better)",
                      ["model", "quant", "test"], "family", "ratio"),
     "zen4-fast": ("AMD Zen 4, --fast: lone ÷ llama.cpp tok/s (higher is better)",
