@@ -412,9 +412,9 @@ const RESCORE_TOP: usize = 32;
 
 impl Model {
     /// The head a pass's logit rows are multiplied by: the model's own, or on x86 an
-    /// F16/BF16 head's Q8_0 copy — in a decode pass of [`crate::kernels::Mode::Auto`], and in
-    /// fast mode for any pass that does not score every row (perplexity wants each row's
-    /// logit of its next token, not the top). Decode reads the whole head once per token (a
+    /// F16/BF16 head's Q8_0 copy — in [`crate::kernels::Mode::Auto`] and fast mode, for any
+    /// pass that does not score every row (perplexity wants each row's logit of its next
+    /// token, not the top). Decode reads the whole head once per token (a
     /// fifth of LFM2-350M F16's bytes, over a quarter of Qwen2.5-0.5B's), and the copy is
     /// 53 % of those bytes on the 8-bit kernels every quantized head takes in these modes;
     /// `forward` then rescores each row's top [`RESCORE_TOP`] logits with the model's own
@@ -426,7 +426,7 @@ impl Model {
         let mode = crate::kernels::mode();
         let here = match mode {
             crate::kernels::Mode::Fast => !score_all,
-            _ => crate::kernels::decode_rows(),
+            _ => crate::kernels::decode_rows() && !score_all,
         };
         if !(here && self.head_copy_in(mode)) {
             return head;
