@@ -68,7 +68,6 @@ for cpu in $cpus; do
   for t in $threads; do
     for bin in "${bins[@]}"; do
       name=$(basename "$bin" | sed 's/-[0-9a-f]*$//')
-      echo "== aarch64 $cpu, $t thread(s): $name"
       # Library tests: the kernels (every ISA level this CPU has, against the scalar
       # reference), the pool, the vector ops; the model-level tests above, whole.
       filter=()
@@ -81,6 +80,7 @@ for cpu in $cpus; do
         # whose kernels for several rows cover every legacy format; the fixtures everywhere.
         [ "$cpu" = max ] || models=fixtures
       fi
+      echo "== aarch64 $cpu, $t thread(s): $name"
       LONE_TEST_MODELS=$models LONE_THREADS=$t RUST_TEST_THREADS=$t timeout 1200 \
         qemu-aarch64 -L "$SYSROOT" -cpu "$cpu" "$bin" "${filter[@]}" "$@"
     done
