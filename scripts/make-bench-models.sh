@@ -2,6 +2,7 @@
 # Random-weight models of real shapes for `lone bench` and scripts/compare-llamacpp.sh.
 #
 #   scripts/make-bench-models.sh                       # all: LFM2-350M LFM2-1.2B LFM3-1.7B Qwen2.5-0.5B
+#                                                      #   Llama-350M LFM2-8B-A1B (needs 31 GB disk)
 #   scripts/make-bench-models.sh LFM2-350M Qwen2.5-0.5B
 #
 # For each model, under ${LONE_BENCH_MODELS:-~/.cache/lone/bench}/<name>/:
@@ -42,7 +43,11 @@ for name in "${MODELS[@]}"; do
   if [ ! -f "$CONVERT" ]; then
     step "no $CONVERT: skipping GGUFs (run ../shared/scripts/build-llama-cpp.sh)"; continue
   fi
-  for q in F16 BF16 Q8_0; do
+  # An MoE of 8 B parameters: the converter's Q8_0, and Q4_K_M requantized from it (an F16
+  # and a BF16 GGUF would need 33 GB more disk).
+  quants="F16 BF16 Q8_0"; from=F16; requants="Q4_0 Q4_K_M"
+  case "$name" in *-A1B|*-A2B) quants="Q8_0"; from=Q8_0; requants="Q4_K_M" ;; esac
+  for q in $quants; do
     out="$dir/$name-$q.gguf"
     [ -f "$out" ] && continue
     step "$name: convert --outtype ${q,,}"
@@ -50,12 +55,13 @@ for name in "${MODELS[@]}"; do
       || { tail -20 "$dir/convert-$q.log"; exit 1; }
     mv "$out.tmp" "$out"
   done
-  for q in Q4_0 Q4_K_M; do
+  for q in $requants; do
     out="$dir/$name-$q.gguf"
     [ -f "$out" ] && continue
     if [ ! -x "$QUANTIZE" ]; then step "no llama-quantize: skipping $q"; continue; fi
     step "$name: llama-quantize $q"
-    "$QUANTIZE" "$dir/$name-F16.gguf" "$out.tmp" "$q" "$(nproc)" >"$dir/quantize-$q.log" 2>&1 \
+    "$QUANTIZE" --allow-requantize "$dir/$name-$from.gguf" "$out.tmp" "$q" "$(nproc)" \
+      >"$dir/quantize-$q.log" 2>&1 \
       || { tail -20 "$dir/quantize-$q.log"; exit 1; }
     mv "$out.tmp" "$out"
   done

@@ -356,10 +356,48 @@ def lfm2_a_hub_config(dtype: str = "float32") -> dict:
     }
 
 
+def lfm2_moe_hub_config(dtype: str = "float32") -> dict:
+    """An LFM2-8B-A1B-style config.json (the Hub's 4.x spelling: top-level rope_theta,
+    torch_dtype), shrunk: 4 layers of which the first is dense, 8 experts of width 32, top 3,
+    a routed scaling factor of 1.7 (not 1, so ignoring it cannot pass)."""
+    return {
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "bos_token_id": BOS_ID,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "eos_token_id": EOS_ID,
+        "hidden_size": 64,
+        "initializer_range": 0.1,
+        "intermediate_size": 64,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "max_position_embeddings": 2048,
+        "model_type": "lfm2_moe",
+        "moe_intermediate_size": 32,
+        "norm_eps": 1e-05,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_dense_layers": 1,
+        "num_experts": 8,
+        "num_experts_per_tok": 3,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": PAD_ID,
+        "rope_theta": 1000000.0,
+        "routed_scaling_factor": 1.7,
+        "tie_embedding": True,
+        "torch_dtype": dtype,
+        "transformers_version": "4.57.0.dev0",
+        "use_cache": True,
+        "use_expert_bias": True,
+        "vocab_size": VOCAB,
+    }
+
+
 def build(name: str):
     """Return (model, hub_config_or_None, prompt_text, expected_ffn)."""
     import torch
-    from transformers import (AutoConfig, Lfm2Config, Lfm2ForCausalLM, Lfm3Config, Lfm3ForCausalLM, LlamaConfig,
+    from transformers import (AutoConfig, Lfm2Config, Lfm2ForCausalLM, Lfm2MoeConfig, Lfm2MoeForCausalLM,
+                              Lfm3Config, Lfm3ForCausalLM, LlamaConfig,
                               LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -398,6 +436,18 @@ def build(name: str):
         model = Lfm3ForCausalLM(cfg)
         expected_ffn = 64
         prompt = PROMPT_TEXT_LONG
+    elif name == "lfm2_moe":
+        # Saved in the Hub's layout (per-expert w1/w2/w3, a 4.x-spelled config.json); `fused/`
+        # holds the same weights in transformers 5.x's fused layout (gate_up_proj, down_proj).
+        hub = lfm2_moe_hub_config()
+        tmp = FIXTURES / name
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+        cfg = AutoConfig.from_pretrained(str(tmp))
+        assert isinstance(cfg, Lfm2MoeConfig)
+        assert cfg.rope_parameters["rope_theta"] == 1000000.0, cfg.rope_parameters
+        model = Lfm2MoeForCausalLM(cfg)
+        expected_ffn = 64
     elif name == "qwen2":
         cfg = Qwen2Config(**common, num_hidden_layers=2, intermediate_size=64, tie_word_embeddings=False,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
@@ -420,12 +470,12 @@ def build(name: str):
     return model, hub, prompt, expected_ffn
 
 
-SEEDS = {"lfm2_a": 11, "lfm2_b": 29, "lfm3": 13, "qwen2": 22, "qwen3": 20, "llama": 17}
+SEEDS = {"lfm2_a": 11, "lfm2_b": 29, "lfm3": 13, "qwen2": 22, "qwen3": 20, "llama": 17, "lfm2_moe": 31}
 # Tied 2-layer qwen3 repeats its last token under greedy decoding unless the
 # (tied) embedding is small relative to the layer outputs.
 EMBED_STD = {"qwen3": 0.03}
 ALL = list(SEEDS)
-GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]  # converted by llama.cpp's converter
+GGUF_FIXTURES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama", "lfm2_moe"]  # converted by llama.cpp's converter
 # llama.cpp has no LFM3 architecture: write_lfm3_ggufs writes these with gguf-py's GGUFWriter.
 OWN_GGUF_FIXTURES = ["lfm3"]
 
@@ -465,6 +515,8 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
 
     model, hub, prompt_text, expected_ffn = build(name)
     randomize_(model, SEEDS[name], EMBED_STD.get(name, 0.1))
+    if name == "lfm2_moe":
+        randomize_expert_bias_(model, SEEDS[name])
     assert ffn_width(model) == expected_ffn, (ffn_width(model), expected_ffn)
 
     tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -495,6 +547,9 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
     assert [int(x) for x in logits[len(prompt) - 1:-1].argmax(-1)] == gen
     top2 = logits[len(prompt) - 1:-1].topk(2, dim=-1).values
     min_margin = float((top2[:, 0] - top2[:, 1]).min())
+    if name == "lfm2_moe":
+        moe_meta = check_moe_routing(ref, seq)
+        write_fused_layout(ref, out)
     (out / "prompt_ids.json").write_text(json.dumps(prompt) + "\n")
     (out / "greedy.json").write_text(json.dumps(gen) + "\n")
     save_np(out / "logits.npy", logits)
@@ -508,7 +563,8 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
         m.config.dtype = dt
         m.save_pretrained(str(sub))
         if hub is not None:
-            (sub / "config.json").write_text(json.dumps(lfm2_a_hub_config(
+            hub_cfg = lfm2_moe_hub_config if name == "lfm2_moe" else lfm2_a_hub_config
+            (sub / "config.json").write_text(json.dumps(hub_cfg(
                 "float16" if dt == torch.float16 else "bfloat16"), indent=2) + "\n")
         st = safetensors_index(sub / "model.safetensors")
         want = "F16" if dt == torch.float16 else "BF16"
@@ -564,9 +620,77 @@ def gen_fixture(name: str, tok_dir: Path) -> dict:
         "init": {"weights_std": 0.1, "embed_std": EMBED_STD.get(name, 0.1), "conv_kernel_std": 0.3,
                  "norm_weights": "1 + 0.3*randn", "biases": "0.1*randn"},
     }
+    if name == "lfm2_moe":
+        meta["moe"] = moe_meta
     if name == "lfm2_a":
         meta["ffn_width_rule"] = "int(2*60/3)=40 -> int(1.5*40)=60 -> 16*ceil(60/16)=64"
     return meta
+
+
+def randomize_expert_bias_(model, seed: int) -> None:
+    """`expert_bias` is a buffer (randomize_ sets parameters only): random and non-zero, the
+    size of the sigmoid scores' spread, so that it changes which experts are chosen."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            ff = layer.feed_forward
+            if hasattr(ff, "expert_bias"):
+                ff.expert_bias.copy_(0.15 * torch.randn(ff.expert_bias.shape, generator=g))
+
+
+def check_moe_routing(model, seq: list[int]) -> dict:
+    """How many (token, layer) choices the expert bias changes over the fixture's sequence: a
+    model that ignores it (or weighs by the biased scores) must not be able to pass."""
+    import torch
+
+    caps = []
+    hooks = [layer.feed_forward.gate.register_forward_hook(
+        lambda mod, inp, out, ff=layer.feed_forward: caps.append((inp[0].detach().clone(), ff)))
+        for layer in model.model.layers if hasattr(layer.feed_forward, "gate")]
+    try:
+        full_logits(model, seq)
+    finally:
+        for h in hooks:
+            h.remove()
+    changed = total = 0
+    margin = float("inf")
+    for x, ff in caps:
+        scores = torch.nn.functional.linear(x, ff.gate.weight).sigmoid()
+        k = ff.gate.top_k
+        with_bias = (scores + ff.expert_bias).topk(k, dim=-1).indices.sort(-1).values
+        without = scores.topk(k, dim=-1).indices.sort(-1).values
+        changed += int((with_bias != without).any(-1).sum())
+        total += x.shape[0]
+        top = (scores + ff.expert_bias).topk(k + 1, dim=-1).values
+        margin = min(margin, float((top[:, k - 1] - top[:, k]).min()))
+    assert changed > 0, "the expert bias changes no routing choice: make it larger"
+    # a choice this close could flip under another order of f32 rounding
+    assert margin > 1e-4, f"a routing choice is a near tie ({margin}): pick another seed"
+    return {"routing_choices_changed_by_expert_bias": changed, "routing_choices": total,
+            "min_kth_score_margin": margin}
+
+
+def write_fused_layout(model, out: Path) -> None:
+    """`fused/`: the same model in transformers 5.x's fused expert layout (the module's own
+    state dict: `experts.gate_up_proj` [E, 2I, H] = w1 rows then w3 rows, `experts.down_proj`)
+    with a 5.x config.json; asserted to load to the same weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    sub = out / "fused"
+    sub.mkdir()
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert any(k.endswith("experts.gate_up_proj") for k in sd), sorted(sd)
+    save_file(sd, str(sub / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    (sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(out / f, sub / f)
+    again = load(sub)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
 
 
 def run_gguf(name: str, meta: dict) -> None:
@@ -583,7 +707,7 @@ def run_gguf(name: str, meta: dict) -> None:
         p = out / f"model-{t}.gguf"
         meta["gguf"][p.name] = gguf_index(p)
 
-    if name == "llama":
+    if name in ("llama", "lfm2_moe"):
         q = None
         for cand in (LLAMA_CPP_BIN / "llama-quantize", LLAMA_CPP_BIN.parent / "build" / "bin" / "llama-quantize"):
             if cand.is_file():
@@ -593,7 +717,9 @@ def run_gguf(name: str, meta: dict) -> None:
             meta["quantize"] = "skipped: llama-quantize binary not found"
             print(f"[{name}] llama-quantize not found, skipping q4_0/q4_k", file=sys.stderr)
             return
-        for qt, fname in (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf")):
+        todo = (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf")) if name == "llama" else (
+            ("Q4_0", "model-q4_0.gguf"),)
+        for qt, fname in todo:
             r = subprocess.run([str(q), str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
                                capture_output=True, text=True)
             if r.returncode != 0:
@@ -619,7 +745,7 @@ def _import_gguf():
 
 def gguf_hf_name(family: str, gname: str) -> str:
     """HF state-dict name of a GGUF tensor written by convert_hf_to_gguf.py."""
-    lfm2 = family in ("lfm2", "lfm3")
+    lfm2 = family in ("lfm2", "lfm3", "lfm2_moe")
     top = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
            "output_norm.weight": "model.embedding_norm.weight" if lfm2 else "model.norm.weight",
            "token_embd_norm.weight": "model.embedding_norm.weight"}
@@ -631,7 +757,9 @@ def gguf_hf_name(family: str, gname: str) -> str:
     if family == "lfm3":
         return f"model.layers.{bid}.{LFM3_GGUF_TO_HF[base]}.{suffix}"
     if lfm2:
-        table = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+        table = {"ffn_gate_inp": "feed_forward.gate", "exp_probs_b": "feed_forward.expert_bias",
+                 "ffn_down_exps": "feed_forward.experts.down_proj",
+                 "attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
                  "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
                  "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
                  "attn_k_norm": "self_attn.k_layernorm", "shortconv.conv": "conv.conv",
@@ -642,6 +770,11 @@ def gguf_hf_name(family: str, gname: str) -> str:
                  "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
                  "attn_k_norm": "self_attn.k_norm"}
     table.update({"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj"})
+    if base in ("ffn_gate_exps", "ffn_up_exps"):
+        # both halves of transformers' fused gate_up_proj (w1 rows, then w3 rows)
+        return f"model.layers.{bid}.feed_forward.experts.gate_up_proj"
+    if base in ("exp_probs_b", "ffn_down_exps"):
+        return f"model.layers.{bid}.{table[base]}"
     return f"model.layers.{bid}.{table[base]}.{suffix}"
 
 
@@ -665,8 +798,18 @@ def gguf_refs(name: str) -> None:
     for path in sorted(out.glob("model-*.gguf")):
         kind = path.stem.removeprefix("model-")
         model = copy.deepcopy(base)
+        if family == "lfm2_moe":
+            # llama.cpp's converter writes no routed scaling factor (lfm2moe.expert_weights_scale,
+            # which llama.cpp's lfm2moe reader ignores anyway): the file means 1.
+            reader = gguf.GGUFReader(str(path))
+            f = reader.fields.get("lfm2moe.expert_weights_scale")
+            scale = float(f.contents()) if f is not None else 1.0
+            for layer in model.model.layers:
+                if hasattr(layer.feed_forward, "gate"):
+                    layer.feed_forward.gate.routed_scaling_factor = scale
         sd = model.state_dict()
         todo = set(sd) - ({"lm_head.weight"} if tied else set())
+        pending_halves: dict[str, set] = {}
         types = set()
         for t in gguf.GGUFReader(str(path)).tensors:
             if t.name == "rope_freqs.weight":
@@ -681,17 +824,38 @@ def gguf_refs(name: str) -> None:
                 w = w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
             if hf.endswith("conv.conv.weight"):
                 w = w.unsqueeze(1)  # [H, K] -> [H, 1, K]
+            if hf.endswith("gate_up_proj"):
+                # the GGUF's stacked gate (w1) or up (w3) experts: one half of the fused tensor
+                half = sd[hf].shape[1] // 2
+                lo = 0 if ".ffn_gate_exps." in t.name else half
+                assert tuple(w.shape) == (sd[hf].shape[0], half, sd[hf].shape[2]), (t.name, w.shape)
+                with torch.no_grad():
+                    sd[hf][:, lo:lo + half].copy_(w)
+                halves = pending_halves.setdefault(hf, set())
+                halves.add(lo)
+                if len(halves) == 2:
+                    todo.remove(hf)
+                continue
             assert hf in todo, (path.name, t.name, hf)
             todo.remove(hf)
             assert sd[hf].shape == w.shape, (t.name, hf, sd[hf].shape, w.shape)
             with torch.no_grad():
                 sd[hf].copy_(w)
         assert not todo, (path.name, sorted(todo))
+        if family == "lfm2_moe" and kind == "f32":
+            # the name mapping checked with the checkpoint's own scaling factor
+            for layer in model.model.layers:
+                if hasattr(layer.feed_forward, "gate"):
+                    layer.feed_forward.gate.routed_scaling_factor = base.config.routed_scaling_factor
+            assert float((full_logits(model, seq) - f32_ref).abs().max()) <= 1e-5
+            for layer in model.model.layers:
+                if hasattr(layer.feed_forward, "gate"):
+                    layer.feed_forward.gate.routed_scaling_factor = scale
         logits = full_logits(model, seq)
         save_np(out / f"gguf-{kind}.logits.npy", logits)
         d = float((logits - f32_ref).abs().max())
         print(f"   gguf-{kind}.logits.npy  max|d| vs f32 reference {d:.3g}  ({'/'.join(sorted(types))})", flush=True)
-        if kind == "f32":
+        if kind == "f32" and family != "lfm2_moe":
             # sanity check of the name mapping / unpermute: same weights, same model
             assert d <= 1e-5, d
 

@@ -15,10 +15,12 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Lfm2,
+    /// LFM2's hybrid stack with sparse mixture-of-experts FFNs (LFM2-8B-A1B, LFM2-24B-A2B).
+    Lfm2Moe,
     Lfm3,
 }
 
-pub const SUPPORTED: &str = "llama (SmolLM2 and other Llama-family), qwen2 (Qwen2/Qwen2.5), qwen3, lfm2 (LFM2/LFM2.5), lfm3";
+pub const SUPPORTED: &str = "llama (SmolLM2 and other Llama-family), qwen2 (Qwen2/Qwen2.5), qwen3, lfm2 (LFM2/LFM2.5), lfm2_moe (LFM2-8B-A1B, LFM2-24B-A2B), lfm3";
 
 impl Arch {
     pub fn from_model_type(t: &str) -> Option<Arch> {
@@ -27,6 +29,8 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "lfm2" => Arch::Lfm2,
+            // transformers' model_type, llama.cpp's GGUF architecture
+            "lfm2_moe" | "lfm2moe" => Arch::Lfm2Moe,
             "lfm3" => Arch::Lfm3,
             _ => return None,
         })
@@ -37,10 +41,60 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Lfm2 => "lfm2",
+            Arch::Lfm2Moe => "lfm2moe",
             Arch::Lfm3 => "lfm3",
         }
     }
+
+    /// LFM's hybrid stack of gated short convolutions and attention.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Lfm2 | Arch::Lfm2Moe | Arch::Lfm3)
+    }
 }
+
+/// A sparse mixture-of-experts FFN (transformers' `Lfm2MoeSparseMoeBlock`): a linear router,
+/// sigmoid scores, the top `n_used` experts of `scores + expert_bias` (the bias only
+/// selects), weighted by their unbiased scores (normalised to sum 1 when `norm_topk_prob`)
+/// times `routed_scaling_factor`; each expert a SwiGLU of width `expert_ffn_dim`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    pub expert_ffn_dim: usize,
+    /// Layers below this index have the dense FFN (of width `ffn_dim`).
+    pub n_dense_layers: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+    pub expert_bias: bool,
+}
+
+/// What a family adds to the common description.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FamilyConfig {
+    /// Nothing beyond the common fields.
+    Plain,
+    /// LFM3's optional parts (both on unless a config turns them off).
+    Lfm3 {
+        /// RMSNorms on the operator and FFN outputs.
+        sandwich_norm: bool,
+        /// A per-head sigmoid gate on the attention output.
+        attention_gate: bool,
+    },
+    /// LFM2-MoE.
+    Moe(MoeConfig),
+}
+
+/// The FFN of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnKind {
+    /// SwiGLU of width `ffn_dim`.
+    Dense,
+    /// [`MoeConfig`]'s experts.
+    Moe,
+}
+
+/// Most experts a MoE layer may declare.
+pub const MAX_EXPERTS: usize = 4096;
 
 /// What a decoder layer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,8 +143,9 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
-    /// Anything family-specific that is kept as raw JSON (lfm3 extras).
-    pub raw: Value,
+    /// The config names head_dim itself (not hidden_size / n_heads).
+    pub explicit_head_dim: bool,
+    pub family: FamilyConfig,
 }
 
 /// Bounds on what a model may declare (far above any model lone runs; they keep a corrupt
@@ -218,7 +273,7 @@ impl ModelConfig {
         let norm_eps =
             get_f64(v, &["rms_norm_eps", "norm_eps", "block_norm_eps"]).unwrap_or(1e-6) as f32;
         let max_pos = get_usize(v, &["max_position_embeddings"]).unwrap_or(4096);
-        let tie_default = matches!(arch, Arch::Lfm2 | Arch::Lfm3);
+        let tie_default = arch.is_hybrid();
         let tie = v
             .get("tie_word_embeddings")
             .or_else(|| v.get("tie_embedding"))
@@ -227,7 +282,7 @@ impl ModelConfig {
 
         // Layer kinds.
         let layer_kinds: Vec<LayerKind> = match arch {
-            Arch::Lfm2 | Arch::Lfm3 => {
+            _ if arch.is_hybrid() => {
                 if let Some(lt) = v.get("layer_types").and_then(|x| x.as_array()) {
                     lt.iter()
                         .map(|t| match t.as_str() {
@@ -302,7 +357,7 @@ impl ModelConfig {
             )
         } else {
             let default_theta = match arch {
-                Arch::Lfm2 | Arch::Lfm3 | Arch::Qwen2 | Arch::Qwen3 => 1e6,
+                Arch::Lfm2 | Arch::Lfm2Moe | Arch::Lfm3 | Arch::Qwen2 | Arch::Qwen3 => 1e6,
                 Arch::Llama => 1e4,
             };
             let (theta, prf, prop) = rope_theta(v, Some("full_attention"), default_theta)?;
@@ -322,6 +377,24 @@ impl ModelConfig {
             )
         };
 
+        let flag = |k: &str, default: bool| v.get(k).and_then(|x| x.as_bool()).unwrap_or(default);
+        let family = match arch {
+            Arch::Lfm3 => FamilyConfig::Lfm3 {
+                sandwich_norm: flag("use_sandwich_norm", true),
+                attention_gate: flag("use_attention_gate", true),
+            },
+            // Lfm2MoeConfig's defaults where a key is absent.
+            Arch::Lfm2Moe => FamilyConfig::Moe(MoeConfig {
+                n_experts: get_usize(v, &["num_experts", "num_local_experts"]).unwrap_or(32),
+                n_used: get_usize(v, &["num_experts_per_tok"]).unwrap_or(4),
+                expert_ffn_dim: get_usize(v, &["moe_intermediate_size"]).unwrap_or(1792),
+                n_dense_layers: get_usize(v, &["num_dense_layers"]).unwrap_or(2),
+                norm_topk_prob: flag("norm_topk_prob", true),
+                routed_scaling_factor: get_f64(v, &["routed_scaling_factor"]).unwrap_or(1.0) as f32,
+                expert_bias: flag("use_expert_bias", true),
+            }),
+            _ => FamilyConfig::Plain,
+        };
         let mut eos = ids(v.get("eos_token_id"));
         eos.dedup();
         let cfg = ModelConfig {
@@ -354,12 +427,13 @@ impl ModelConfig {
                     .and_then(|x| x.as_bool())
                     .unwrap_or(false),
             },
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Lfm2 | Arch::Lfm3),
+            qk_norm: matches!(arch, Arch::Qwen3) || arch.is_hybrid(),
             sliding_window: get_usize(v, &["sliding_window"]).unwrap_or(if lfm3 { 256 } else { 0 }),
             max_position_embeddings: max_pos,
             bos_token_id: ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: eos,
-            raw: v.clone(),
+            explicit_head_dim: v.get("head_dim").is_some(),
+            family,
         };
         Ok(cfg)
     }
@@ -507,10 +581,13 @@ impl ModelConfig {
             max_position_embeddings: max_pos,
             bos_token_id: bos,
             eos_token_ids: eos,
-            raw: Value::Null,
+            explicit_head_dim: g.meta(&key("attention.key_length")).is_some(),
+            family: FamilyConfig::Plain,
         };
-        if arch == Arch::Lfm3 {
-            cfg.lfm3_from_gguf(g)?;
+        match arch {
+            Arch::Lfm3 => cfg.lfm3_from_gguf(g)?,
+            Arch::Lfm2Moe => cfg.moe_from_gguf(g)?,
+            _ => {}
         }
         Ok(cfg)
     }
@@ -570,6 +647,23 @@ impl ModelConfig {
             if !(f.is_finite() && f > 0.0 && f <= 1.0) {
                 return Err(format!(
                     "the {what} partial_rotary_factor is {f}; expected (0, 1]"
+                ));
+            }
+        }
+        if let Some(m) = self.moe() {
+            range("the expert count", m.n_experts, 1, MAX_EXPERTS)?;
+            range("the experts used per token", m.n_used, 1, m.n_experts)?;
+            range("the expert FFN width", m.expert_ffn_dim, 1, 16 * MAX_DIM)?;
+            range(
+                "the leading dense layers",
+                m.n_dense_layers,
+                0,
+                self.n_layers,
+            )?;
+            let s = m.routed_scaling_factor;
+            if !(s.is_finite() && s > 0.0 && s < 1e6) {
+                return Err(format!(
+                    "the routed scaling factor is {s}; expected a finite number > 0"
                 ));
             }
         }
@@ -707,11 +801,90 @@ impl ModelConfig {
                 .is_some()
         });
         let sandwich = g.tensor_info("blk.0.post_attention_norm.weight").is_some();
-        self.raw = serde_json::json!({
-            "use_attention_gate": gate,
-            "use_sandwich_norm": sandwich,
+        self.family = FamilyConfig::Lfm3 {
+            sandwich_norm: sandwich,
+            attention_gate: gate,
+        };
+        Ok(())
+    }
+
+    /// An `lfm2moe` GGUF's experts, under the keys llama.cpp's converter writes:
+    /// `expert_count`, `expert_used_count`, `expert_feed_forward_length`,
+    /// `leading_dense_block_count`, `expert_gating_func` (2, sigmoid, the only one LFM2-MoE
+    /// has), and optionally `expert_weights_scale` and `expert_weights_norm` — llama.cpp's
+    /// reader of lfm2moe reads neither (it always normalises and never scales), and its
+    /// converter writes neither, so absent they mean 1 and true. The expert bias is on when
+    /// the first MoE layer has its `exp_probs_b.bias` tensor.
+    fn moe_from_gguf(&mut self, g: &GgufFile) -> Result<()> {
+        let path = g.path.display().to_string();
+        let a = self.arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let need = |k: &str| -> Result<usize> {
+            g.meta(&key(k))
+                .and_then(|v| v.as_u64())
+                .map(|x| x as usize)
+                .ok_or_else(|| {
+                    cfg_err(format!(
+                        "{path}: GGUF metadata lacks {}, which an {a} GGUF needs",
+                        key(k)
+                    ))
+                })
+        };
+        let gating = need("expert_gating_func")?;
+        if gating != 2 {
+            return Err(Error::Unsupported(format!(
+                "{path}: {} is {gating}; lfm2moe routes with a sigmoid (2)",
+                key("expert_gating_func")
+            )));
+        }
+        let n_dense_layers = g
+            .meta(&key("leading_dense_block_count"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0) as usize;
+        let scale = match g.meta(&key("expert_weights_scale")) {
+            None => 1.0,
+            Some(v) => match v.as_f64() {
+                Some(0.0) => 1.0, // llama.cpp's "unset"
+                Some(x) => x as f32,
+                None => {
+                    return Err(cfg_err(format!(
+                        "{path}: {} is not a number",
+                        key("expert_weights_scale")
+                    )))
+                }
+            },
+        };
+        self.family = FamilyConfig::Moe(MoeConfig {
+            n_experts: need("expert_count")?,
+            n_used: need("expert_used_count")?,
+            expert_ffn_dim: need("expert_feed_forward_length")?,
+            n_dense_layers,
+            norm_topk_prob: g
+                .meta(&key("expert_weights_norm"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true),
+            routed_scaling_factor: scale,
+            expert_bias: g
+                .tensor_info(&format!("blk.{n_dense_layers}.exp_probs_b.bias"))
+                .is_some(),
         });
         Ok(())
+    }
+
+    /// The mixture-of-experts description, for a MoE family.
+    pub fn moe(&self) -> Option<&MoeConfig> {
+        match &self.family {
+            FamilyConfig::Moe(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The FFN of layer `i`.
+    pub fn ffn_kind(&self, i: usize) -> FfnKind {
+        match self.moe() {
+            Some(m) if i >= m.n_dense_layers => FfnKind::Moe,
+            _ => FfnKind::Dense,
+        }
     }
 
     /// Sanity checks that keep later indexing in bounds and allocations sane (run before any

@@ -139,7 +139,7 @@ impl Imatrix {
             let nmat = e.counts.len().max(1);
             let f = |suffix: &str, shape: Vec<usize>, data: &[f32]| PlanTensor {
                 name: format!("{name}.{suffix}"),
-                source: Tensor::from_f32(shape.clone(), data),
+                source: Tensor::from_f32(shape.clone(), data).into(),
                 shape,
                 dtype: DType::F32,
                 rows: RowOrder::Same,

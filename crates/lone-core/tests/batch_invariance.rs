@@ -57,6 +57,7 @@ fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
         ("lfm2_a", "model-q8_0.gguf"),
         ("qwen2", "model-q8_0.gguf"),
         ("lfm3", "model-f32.gguf"),
+        ("lfm2_moe", "model-q4_0.gguf"),
     ] {
         let path = fixture(fam, file);
         let m = Model::load(&path).unwrap();

@@ -15,7 +15,9 @@ use lone_core::tools::{parse_reply, ReplyOptions, ToolFormat};
 use lone_core::Model;
 use serde_json::{json, Value};
 
-const FAMILIES: [&str; 6] = ["lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3"];
+const FAMILIES: [&str; 7] = [
+    "lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3", "lfm2_moe",
+];
 
 fn load(name: &str) -> (Model, TextIo) {
     let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))

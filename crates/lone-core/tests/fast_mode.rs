@@ -48,6 +48,9 @@ fn fast_mode_stays_close_to_exact_mode() {
         ("qwen3", "q8_0"),
         ("lfm2_a", "q8_0"),
         ("lfm2_b", "q8_0"),
+        // Not lfm2_moe: its random router's top-3 choices are as close as 5e-4 apart, so
+        // 8-bit activations flip some (cosine 0.937); a flip is a different expert, not a
+        // rounding error, and says nothing about a trained router's margins.
     ] {
         let dir = fixtures().join(name);
         let path = dir.join(format!("model-{kind}.gguf"));

@@ -108,8 +108,13 @@ fn metadata_matches_config_json() {
     assert!(!cfg.rope_sliding.proportional);
     assert_eq!(cfg.rope_sliding.partial_rotary_factor, 1.0);
     assert!(cfg.tie_embeddings && c["tie_word_embeddings"] == true);
-    assert_eq!(cfg.raw["use_attention_gate"], c["use_attention_gate"]);
-    assert_eq!(cfg.raw["use_sandwich_norm"], c["use_sandwich_norm"]);
+    assert_eq!(
+        cfg.family,
+        lone_core::config::FamilyConfig::Lfm3 {
+            attention_gate: c["use_attention_gate"].as_bool().unwrap(),
+            sandwich_norm: c["use_sandwich_norm"].as_bool().unwrap(),
+        }
+    );
     assert_eq!(cfg.bos_token_id, Some(n("bos_token_id") as u32));
     assert_eq!(cfg.eos_token_ids, vec![n("eos_token_id") as u32]);
 }

@@ -21,6 +21,7 @@ fn fixtures() -> Vec<PathBuf> {
         "lfm3/model-f16.gguf",
         "llama/model-q4_0.gguf",
         "qwen3/model-q8_0.gguf",
+        "lfm2_moe/model-q4_0.gguf",
     ]
     .iter()
     .map(|f| root.join(f))
@@ -169,7 +170,10 @@ fn damaged_checkpoints_load_and_run_or_fail_cleanly() {
         "\"x\"",
         "[]",
     ];
-    for (di, name) in ["lfm2_a", "lfm3", "qwen2", "llama"].iter().enumerate() {
+    for (di, name) in ["lfm2_a", "lfm3", "qwen2", "llama", "lfm2_moe"]
+        .iter()
+        .enumerate()
+    {
         let src = root.join(name);
         let st = std::fs::read(src.join("model.safetensors")).unwrap();
         let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();

@@ -236,7 +236,9 @@ fn gguf(name: &str, kind: &str, sanity: f32) {
         sanity,
         &format!("{what} vs the f32 reference"),
     );
-    if kind == "f32" {
+    // lfm2_moe's GGUFs route with a scaling factor of 1 (llama.cpp's converter drops the
+    // checkpoint's 1.7), so their greedy tokens are not the checkpoint's.
+    if kind == "f32" && name != "lfm2_moe" {
         check_greedy(&model, &f, &what);
     }
 }
@@ -266,6 +268,25 @@ family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]
 family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_b, "lfm2_b", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
+// lfm2_moe: the checkpoint routes with a scaling factor of 1.7, which llama.cpp's converter
+// does not write (nor llama.cpp's lfm2moe reader read): its GGUFs mean 1, so they are far from
+// the checkpoint's logits (sanity bound 1.37 measured for f32) and exact against their own
+// references (generate.py computes those with the file's factor).
+family!(lfm2_moe, "lfm2_moe", ggufs: [f32 = 1.5, f16 = 1.5, bf16 = 1.6, q8_0 = 1.6, q4_0 = 2.5]);
+
+/// LFM2-MoE in transformers 5.x's fused expert layout (`experts.gate_up_proj`,
+/// `experts.down_proj`, a 5.x config.json): the same model as the Hub layout beside it.
+#[test]
+fn lfm2_moe_fused_layout() {
+    let dir = fixtures().join("lfm2_moe");
+    let f = load_fixture(&dir);
+    let model = Model::load(&dir.join("fused")).unwrap();
+    let what = "lfm2_moe (fused experts)";
+    check_prefill(&model, &f, &f.logits, 1e-4, what);
+    check_decode(&model, &f, &f.logits, 1e-4, what);
+    check_greedy(&model, &f, what);
+}
+
 // lfm3: GGUFs written by generate.py with gguf-py (llama.cpp has no LFM3 converter); the
 // reference is the same dequantize-into-transformers path as for the converter's files.
 family!(lfm3, "lfm3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);

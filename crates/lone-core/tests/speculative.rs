@@ -14,7 +14,9 @@ use lone_core::sampler::{Sampler, SamplingParams};
 use lone_core::text::TextIo;
 use lone_core::Model;
 
-const FAMILIES: [&str; 6] = ["lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3"];
+const FAMILIES: [&str; 7] = [
+    "lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3", "lfm2_moe",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -73,6 +73,58 @@ fn checkpoints_convert_to_the_bytes_llama_cpps_converter_writes() {
     assert_eq!(n, 24);
 }
 
+/// LFM2-MoE: the experts of each layer (one tensor per expert in the Hub's layout, or
+/// transformers 5.x's fused `gate_up_proj`/`down_proj`) stacked into `ffn_*_exps` exactly as
+/// llama.cpp's converter stacks them: the same metadata and tensor bytes as the converter's file,
+/// plus one key the converter drops (`lfm2moe.expert_weights_scale`: the fixture's checkpoint
+/// scales its expert weights by 1.7, which a file without the key would lose).
+#[test]
+fn moe_checkpoints_convert_to_the_converters_tensors_and_keep_their_scaling() {
+    use lone_core::loader::gguf::GgufFile;
+    let dir = tempfile::tempdir().unwrap();
+    let scale_key = "lfm2moe.expert_weights_scale";
+    for ty in ["f32", "f16", "bf16", "q8_0"] {
+        let want = GgufFile::open(fixture("lfm2_moe").join(format!("model-{ty}.gguf"))).unwrap();
+        for (layout, input) in [
+            ("per-expert", fixture("lfm2_moe")),
+            ("fused", fixture("lfm2_moe").join("fused")),
+        ] {
+            let out = dir.path().join(format!("{layout}-{ty}.gguf"));
+            convert(&input, &out, ty);
+            let got = GgufFile::open(&out).unwrap();
+            let what = format!("lfm2_moe {layout} {ty}");
+            assert_eq!(
+                got.meta(scale_key).and_then(|v| v.as_f64()),
+                Some(1.7f32 as f64),
+                "{what}"
+            );
+            if layout == "per-expert" {
+                // (the fused directory's name and 5.x config give other general.* names)
+                let keys: Vec<&String> = got.kv_order.iter().filter(|k| *k != scale_key).collect();
+                assert_eq!(keys, want.kv_order.iter().collect::<Vec<_>>(), "{what}");
+                for k in &want.kv_order {
+                    assert_eq!(
+                        format!("{:?}", got.meta(k)),
+                        format!("{:?}", want.meta(k)),
+                        "{what}: {k}"
+                    );
+                }
+            }
+            let names = |g: &GgufFile| {
+                g.tensors
+                    .iter()
+                    .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(names(&got), names(&want), "{what}");
+            for t in &want.tensors {
+                let (a, b) = (got.tensor(&t.name).unwrap(), want.tensor(&t.name).unwrap());
+                assert!(a.data() == b.data(), "{what}: {} differs", t.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn model_cards_and_named_templates_give_the_converters_metadata() {
     // tests/reference/convert/model_card.py: the llama fixture in directories with a README.md

@@ -23,7 +23,9 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         .map(|e| e.unwrap().path())
         .collect();
     if target == "gguf" {
-        for fam in ["lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3"] {
+        for fam in [
+            "lfm2_a", "lfm2_b", "lfm3", "llama", "qwen2", "qwen3", "lfm2_moe",
+        ] {
             paths.push(root().join(format!("tests/reference/fixtures/{fam}/model-q8_0.gguf")));
         }
     }

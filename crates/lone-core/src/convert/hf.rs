@@ -8,13 +8,19 @@
 //!   stay F32; rows that are not whole blocks of the type fall back to F16;
 //! - llama's Q/K rows are permuted for GGUF's interleaved RoPE; LFM2's conv kernel
 //!   `[H, 1, K]` is stored as `[H, K]`;
-//! - metadata keys in the converter's order (a key set twice keeps its first place).
+//! - metadata keys in the converter's order (a key set twice keeps its first place);
+//! - LFM2-MoE: a layer's experts (`experts.J.w1/w2/w3`, or transformers 5.x's fused
+//!   `experts.gate_up_proj` and `experts.down_proj`) are stacked `[E, rows, cols]` into
+//!   `ffn_gate_exps`, `ffn_down_exps`, `ffn_up_exps` (in that order) where the layer's last
+//!   expert tensor comes; the router (`ffn_gate_inp`) stays F32.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::{card, interleaved_source, naming, vocab, FileType, Plan, PlanTensor, RowOrder};
+use super::{
+    card, interleaved_source, naming, vocab, FileType, Plan, PlanTensor, RowOrder, Source,
+};
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::loader::gguf::MetaValue;
@@ -38,6 +44,7 @@ fn tensor_type(gname: &str, n_dims: usize, row_len: usize, ftype: FileType) -> D
     if n_dims <= 1
         || gname.ends_with("_norm.weight")
         || gname.contains(".shortconv.conv.")
+        || gname.contains(".ffn_gate_inp.")
         || !gname.ends_with(".weight")
     {
         return DType::F32;
@@ -63,6 +70,95 @@ fn permuted_vector(t: &Tensor, heads: usize) -> Result<Tensor> {
     Ok(Tensor::from_f32(vec![n], &out))
 }
 
+/// One expert tensor of a MoE layer: (layer, what), by its HF name.
+enum ExpertTensor {
+    /// `experts.J.wK.weight`: expert J's matrix K (0 = w1, 1 = w2, 2 = w3).
+    One(usize, usize, usize),
+    /// transformers 5.x's `experts.gate_up_proj` `[E, 2I, H]`.
+    FusedGateUp(usize),
+    /// transformers 5.x's `experts.down_proj` `[E, H, I]`.
+    FusedDown(usize),
+}
+
+fn expert_tensor(name: &str) -> Option<ExpertTensor> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer = layer.parse().ok()?;
+    let rest = rest.strip_prefix("feed_forward.experts.")?;
+    match rest {
+        "gate_up_proj" => return Some(ExpertTensor::FusedGateUp(layer)),
+        "down_proj" => return Some(ExpertTensor::FusedDown(layer)),
+        _ => {}
+    }
+    let (j, w) = rest.strip_suffix(".weight")?.split_once('.')?;
+    let k = ["w1", "w2", "w3"].iter().position(|x| *x == w)?;
+    Some(ExpertTensor::One(layer, j.parse().ok()?, k))
+}
+
+/// The experts of one MoE layer, gathered until all are there.
+#[derive(Default)]
+struct LayerExperts {
+    /// `[w1, w2, w3][expert]`.
+    one: [Vec<Option<Tensor>>; 3],
+    gate_up: Option<Tensor>,
+    down: Option<Tensor>,
+}
+
+impl LayerExperts {
+    /// Record `t`; once the layer is complete, its stacked (w1, w2, w3) sources.
+    fn add(
+        &mut self,
+        what: &ExpertTensor,
+        t: Tensor,
+        n_experts: usize,
+        ffn: usize,
+    ) -> Result<Option<[Vec<Tensor>; 3]>> {
+        let bad = |m: String| Error::Config(format!("MoE experts: {m}"));
+        match *what {
+            ExpertTensor::One(_, j, k) => {
+                if j >= n_experts {
+                    return Err(bad(format!("expert {j} of {n_experts}")));
+                }
+                let slot = &mut self.one[k];
+                slot.resize(n_experts, None);
+                slot[j] = Some(t);
+                if self
+                    .one
+                    .iter()
+                    .all(|v| v.len() == n_experts && v.iter().all(Option::is_some))
+                {
+                    let take = |v: &mut Vec<Option<Tensor>>| v.drain(..).flatten().collect();
+                    let [a, b, c] = &mut self.one;
+                    return Ok(Some([take(a), take(b), take(c)]));
+                }
+            }
+            ExpertTensor::FusedGateUp(_) => self.gate_up = Some(t),
+            ExpertTensor::FusedDown(_) => self.down = Some(t),
+        }
+        if let (Some(gu), Some(down)) = (&self.gate_up, &self.down) {
+            let rows = |t: &Tensor, first: usize, n: usize| {
+                t.rows_view(first, n)
+                    .ok_or_else(|| bad(format!("a fused tensor {:?} lacks rows", t.shape)))
+            };
+            let per = |t: &Tensor| t.n_rows() / n_experts.max(1);
+            if per(gu) != 2 * ffn {
+                return Err(bad(format!(
+                    "gate_up_proj {:?} for {n_experts} experts of width {ffn}",
+                    gu.shape
+                )));
+            }
+            let mut out: [Vec<Tensor>; 3] = Default::default();
+            for j in 0..n_experts {
+                out[0].push(rows(gu, 2 * ffn * j, ffn)?);
+                out[1].push(rows(down, per(down) * j, per(down))?);
+                out[2].push(rows(gu, 2 * ffn * j + ffn, ffn)?);
+            }
+            return Ok(Some(out));
+        }
+        Ok(None)
+    }
+}
+
 /// The plan for checkpoint `dir` at `ftype` (one of the converter's own types).
 pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
     if !ftype.is_converter_type() {
@@ -78,6 +174,7 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
 
     // Tensors.
     let mut tensors = Vec::new();
+    let mut experts: std::collections::BTreeMap<usize, LayerExperts> = Default::default();
     if arch == Arch::Lfm3 {
         tensors.push(lfm3_rope_freqs(&cfg));
     }
@@ -92,6 +189,43 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
             .get(name)
             .cloned()
             .ok_or_else(|| Error::Config(format!("tensor '{name}' vanished")))?;
+        if let Some(what) = expert_tensor(name) {
+            let moe = cfg.moe().ok_or_else(|| {
+                Error::Unsupported(format!("'{name}': experts in a {} checkpoint", arch.name()))
+            })?;
+            let layer = match what {
+                ExpertTensor::One(l, ..)
+                | ExpertTensor::FusedGateUp(l)
+                | ExpertTensor::FusedDown(l) => l,
+            };
+            let done = experts.entry(layer).or_default().add(
+                &what,
+                source,
+                moe.n_experts,
+                moe.expert_ffn_dim,
+            )?;
+            if let Some(stacks) = done {
+                experts.remove(&layer);
+                for (w, parts) in ["w1", "w2", "w3"].iter().zip(stacks) {
+                    let hf = format!("model.layers.{layer}.feed_forward.experts.{w}.weight");
+                    let gname = hf_to_gguf_name(&hf).unwrap_or(hf);
+                    let first = &parts[0];
+                    let shape = vec![parts.len(), first.n_rows(), first.row_len()];
+                    let source = Source::stacked(parts).ok_or_else(|| {
+                        Error::Config(format!("{gname}: experts of different widths"))
+                    })?;
+                    tensors.push(PlanTensor {
+                        dtype: tensor_type(&gname, 3, shape[2], ftype),
+                        name: gname,
+                        shape,
+                        source,
+                        rows: RowOrder::Same,
+                        importance: None,
+                    });
+                }
+            }
+            continue;
+        }
         let gname = hf_to_gguf_name(name).ok_or_else(|| {
             Error::Unsupported(format!(
                 "cannot map tensor '{name}' of this {} checkpoint to a GGUF name",
@@ -124,10 +258,15 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
             dtype: tensor_type(&gname, shape.len(), row_len, ftype),
             name: gname,
             shape,
-            source,
+            source: source.into(),
             rows,
             importance: None,
         });
+    }
+    if let Some(layer) = experts.keys().next() {
+        return Err(Error::Config(format!(
+            "layer {layer}'s experts are incomplete in the checkpoint"
+        )));
     }
     let total_params: u64 = tensors
         .iter()
@@ -143,7 +282,27 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
     let key = |k: &str| format!("{a}.{k}");
     plan.set("general.architecture", MetaValue::String(a.into()));
     plan.set("general.type", MetaValue::String("model".into()));
-    general_names(&mut plan, dir, total_params, arch != Arch::Lfm3)?;
+    // gguf-py's size label: `{E}x{shared + one expert's}` for experts, else the total.
+    let size_label = (arch != Arch::Lfm3).then(|| {
+        let exps: Vec<&PlanTensor> = plan
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains("_exps.") && t.shape.len() >= 3)
+            .collect();
+        match exps.first() {
+            None => naming::size_label(total_params),
+            Some(first) => {
+                let e = first.shape[0] as u64;
+                let all: u64 = exps.iter().map(|t| t.numel() as u64).sum();
+                let one: u64 = exps
+                    .iter()
+                    .map(|t| t.numel() as u64 / t.shape[0] as u64)
+                    .sum();
+                format!("{e}x{}", naming::size_label(total_params - all + one))
+            }
+        }
+    });
+    general_names(&mut plan, dir, total_params, size_label)?;
     if arch == Arch::Lfm3 {
         lfm3_params(&mut plan, &cfg, ftype);
     } else {
@@ -152,7 +311,7 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
         plan.set(&key("embedding_length"), u32v(cfg.hidden_size));
         plan.set(&key("feed_forward_length"), u32v(cfg.ffn_dim));
         plan.set(&key("attention.head_count"), u32v(cfg.n_heads));
-        if arch == Arch::Lfm2 {
+        if matches!(arch, Arch::Lfm2 | Arch::Lfm2Moe) {
             plan.set(&key("attention.head_count_kv"), kv_heads_per_layer(&cfg));
         } else {
             plan.set(&key("attention.head_count_kv"), u32v(cfg.n_kv_heads));
@@ -165,7 +324,11 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
             &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(cfg.norm_eps),
         );
-        if matches!(arch, Arch::Llama | Arch::Qwen3) || cfg.raw.get("head_dim").is_some() {
+        if let Some(m) = cfg.moe() {
+            plan.set(&key("expert_count"), u32v(m.n_experts));
+            plan.set(&key("expert_used_count"), u32v(m.n_used));
+        }
+        if matches!(arch, Arch::Llama | Arch::Qwen3) || cfg.explicit_head_dim {
             plan.set(&key("attention.key_length"), u32v(cfg.head_dim));
             plan.set(&key("attention.value_length"), u32v(cfg.head_dim));
         }
@@ -176,6 +339,24 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
                 plan.set(&key("rope.dimension_count"), u32v(cfg.head_dim));
             }
             Arch::Lfm2 => {
+                plan.set(&key("vocab_size"), u32v(cfg.vocab_size));
+                plan.set(&key("shortconv.l_cache"), u32v(cfg.conv_kernel));
+            }
+            Arch::Lfm2Moe => {
+                if let Some(m) = cfg.moe() {
+                    plan.set(&key("expert_feed_forward_length"), u32v(m.expert_ffn_dim));
+                    plan.set(&key("leading_dense_block_count"), u32v(m.n_dense_layers));
+                    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+                    plan.set(&key("expert_gating_func"), MetaValue::U32(2));
+                    // The converter writes no scaling factor and llama.cpp reads none for
+                    // lfm2moe; a checkpoint that scales keeps it where lone reads it.
+                    if m.routed_scaling_factor != 1.0 {
+                        plan.set(
+                            &key("expert_weights_scale"),
+                            MetaValue::F32(m.routed_scaling_factor),
+                        );
+                    }
+                }
                 plan.set(&key("vocab_size"), u32v(cfg.vocab_size));
                 plan.set(&key("shortconv.l_cache"), u32v(cfg.conv_kernel));
             }
@@ -226,7 +407,12 @@ fn kv_heads_per_layer(cfg: &ModelConfig) -> MetaValue {
 /// `general.*`: sampling defaults from generation_config.json, then the authorship the model
 /// card, `_name_or_path` and the directory name give (gguf-py's heuristics, [`card`]) and the
 /// size label.
-fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool) -> Result<()> {
+fn general_names(
+    plan: &mut Plan,
+    dir: &Path,
+    total_params: u64,
+    size_label: Option<String>,
+) -> Result<()> {
     if let Some(g) = read_json(&dir.join("generation_config.json")) {
         let f = |k: &str| g.get(k).and_then(|v| v.as_f64());
         let i = |k: &str| g.get(k).and_then(|v| v.as_i64());
@@ -273,12 +459,13 @@ fn general_names(plan: &mut Plan, dir: &Path, total_params: u64, with_size: bool
         .and_then(|c| c.get("_name_or_path")?.as_str().map(str::to_string));
     let mut who =
         card::Authorship::of_checkpoint(dir, &dir_name, name_or_path.as_deref(), total_params);
-    if with_size {
-        if who.size_label.is_none() && total_params > 0 {
-            who.size_label = Some(naming::size_label(total_params));
+    match size_label {
+        Some(label) => {
+            if who.size_label.is_none() && total_params > 0 {
+                who.size_label = Some(label);
+            }
         }
-    } else {
-        who.size_label = None;
+        None => who.size_label = None,
     }
     for (k, v) in who.entries() {
         let v = match v {
@@ -305,7 +492,7 @@ fn lfm3_rope_freqs(cfg: &ModelConfig) -> PlanTensor {
         name: "rope_freqs.weight".into(),
         shape: vec![hd / 2],
         dtype: DType::F32,
-        source: Tensor::from_f32(vec![hd / 2], &f),
+        source: Tensor::from_f32(vec![hd / 2], &f).into(),
         rows: RowOrder::Same,
         importance: None,
     }

@@ -184,6 +184,71 @@ pub(crate) fn interleaved_source(r: usize, rows: usize, heads: usize) -> usize {
     head * hd + (within % 2) * (hd / 2) + within / 2
 }
 
+/// Where an output tensor's values come from: one stored tensor, or several whose rows follow
+/// one another (a layer's experts, one tensor each in a checkpoint, stacked into a GGUF's
+/// `ffn_*_exps`).
+#[derive(Clone, Debug)]
+pub struct Source {
+    parts: Vec<Tensor>,
+}
+
+impl From<Tensor> for Source {
+    fn from(t: Tensor) -> Source {
+        Source { parts: vec![t] }
+    }
+}
+
+impl Source {
+    /// The rows of `parts` one after another; `None` unless they are rows of one length.
+    pub fn stacked(parts: Vec<Tensor>) -> Option<Source> {
+        let first = parts.first()?;
+        let n = first.row_len();
+        parts
+            .iter()
+            .all(|p| p.row_len() == n)
+            .then_some(Source { parts })
+    }
+
+    /// The one tensor, when not stacked.
+    pub fn single(&self) -> Option<&Tensor> {
+        match self.parts.as_slice() {
+            [t] => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.parts.iter().map(Tensor::numel).sum()
+    }
+
+    pub fn row_len(&self) -> usize {
+        self.parts.first().map_or(1, Tensor::row_len)
+    }
+
+    /// Every part's stored type, when they share one.
+    pub fn dtype(&self) -> Option<DType> {
+        let d = self.parts.first()?.dtype;
+        self.parts.iter().all(|p| p.dtype == d).then_some(d)
+    }
+
+    /// Row `r` of the rows of all parts, as f32.
+    pub fn row_to_f32(&self, mut r: usize, out: &mut [f32]) {
+        for p in &self.parts {
+            let n = p.n_rows();
+            if r < n {
+                return p.row_to_f32(r, out);
+            }
+            r -= n;
+        }
+        panic!("row past the stacked source (checked by check_tensor)");
+    }
+
+    /// The stored bytes of all parts, one after another.
+    fn data(&self) -> Vec<u8> {
+        self.parts.iter().flat_map(|p| p.data()).copied().collect()
+    }
+}
+
 /// One tensor of the output file: where its values come from and how it is stored.
 #[derive(Clone, Debug)]
 pub struct PlanTensor {
@@ -191,7 +256,7 @@ pub struct PlanTensor {
     /// Row-major shape (outermost first), as lone's loader reports it.
     pub shape: Vec<usize>,
     pub dtype: DType,
-    pub source: Tensor,
+    pub source: Source,
     pub rows: RowOrder,
     /// Per-column importances (an imatrix row) for the quantizer, if any.
     pub importance: Option<std::sync::Arc<Vec<f32>>>,
@@ -255,7 +320,7 @@ impl Plan {
                 name: info.name.clone(),
                 shape: info.shape.clone(),
                 dtype: info.dtype,
-                source,
+                source: source.into(),
                 rows: RowOrder::Same,
                 importance: None,
             });
@@ -358,8 +423,8 @@ fn check_tensor(t: &PlanTensor) -> Result<()> {
 /// The stored bytes of one output tensor.
 fn encode(t: &PlanTensor, threads: usize) -> Result<Vec<u8>> {
     let src = &t.source;
-    if src.dtype == t.dtype && t.rows == RowOrder::Same {
-        return Ok(src.data().to_vec());
+    if src.dtype() == Some(t.dtype) && t.rows == RowOrder::Same {
+        return Ok(src.data());
     }
     let n = t.row_len();
     let rows = t.numel() / n.max(1);

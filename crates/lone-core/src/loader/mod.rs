@@ -55,6 +55,10 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (idx, rest) = rest.split_once('.')?;
     let (module, suffix) = rest.rsplit_once('.')?; // suffix: weight / bias
+    if rest == "feed_forward.expert_bias" {
+        // LFM2-MoE's routing bias, a buffer (no `.weight`); the converter adds `.bias`
+        return Some(format!("blk.{idx}.exp_probs_b.bias"));
+    }
     let g = match module {
         "input_layernorm" | "operator_norm" => "attn_norm",
         "post_attention_layernorm" | "ffn_norm" => "ffn_norm",
@@ -67,6 +71,12 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" | "feed_forward.w1" => "ffn_gate",
         "mlp.up_proj" | "feed_forward.w3" => "ffn_up",
         "mlp.down_proj" | "feed_forward.w2" => "ffn_down",
+        // LFM2-MoE: the router, and the experts stacked `[E, rows, cols]` under the names
+        // llama.cpp's converter gives them before mapping (`feed_forward.experts.w1`, ...)
+        "feed_forward.gate" => "ffn_gate_inp",
+        "feed_forward.experts.w1" => "ffn_gate_exps",
+        "feed_forward.experts.w3" => "ffn_up_exps",
+        "feed_forward.experts.w2" => "ffn_down_exps",
         "conv.in_proj" => "shortconv.in_proj",
         "conv.conv" => "shortconv.conv",
         "conv.out_proj" => "shortconv.out_proj",

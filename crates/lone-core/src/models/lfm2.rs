@@ -1,41 +1,57 @@
-//! LFM2 / LFM2.5 (transformers' modeling_lfm2): a stack of gated short-conv blocks and GQA
-//! attention blocks (per-head q/k RMSNorm before RoPE), each followed by a SwiGLU FFN;
-//! final norm `embedding_norm`, tied embeddings.
+//! LFM2 / LFM2.5 (transformers' modeling_lfm2) and LFM2-MoE (modeling_lfm2_moe): a stack of
+//! gated short-conv blocks and GQA attention blocks (per-head q/k RMSNorm before RoPE), each
+//! followed by a SwiGLU FFN — in LFM2-MoE, from layer `num_dense_layers` on, a sparse mixture
+//! of SwiGLU experts ([`crate::nn::Moe`]); final norm `embedding_norm`, tied embeddings.
 //!
 //! ```text
 //! h = x + operator(operator_norm(x))          operator = ShortConv | Attention
-//! out = h + w2(silu(w1(ffn_norm(h))) * w3(ffn_norm(h)))
+//! out = h + ffn(ffn_norm(h))                  ffn = w2(silu(w1 ·) * w3 ·) | Moe
 //! ```
 
 use super::Layer;
 use crate::cache::SeqCache;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{FfnKind, LayerKind, ModelConfig};
 use crate::error::Result;
 use crate::kernels::{add_inplace, Rope};
 use crate::loader::Weights;
-use crate::nn::{Attention, AttentionSpec, Linear, Mlp, Operator, RmsNorm, Row, ShortConv};
+use crate::nn::{
+    Attention, AttentionSpec, Ffn, Linear, Mlp, Moe, Operator, RmsNorm, Row, ShortConv,
+};
 
-/// One LFM decoder layer: a sequence-mixing operator and a SwiGLU FFN, each pre-normed and
-/// added to the residual stream; LFM3 also norms each output ("sandwich" norms).
+/// One LFM decoder layer: a sequence-mixing operator and an FFN (dense or experts), each
+/// pre-normed and added to the residual stream; LFM3 also norms each output ("sandwich"
+/// norms).
 pub struct HybridLayer {
     operator_norm: RmsNorm,
     operator: Operator,
     post_operator_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
-    feed_forward: Mlp,
+    feed_forward: Ffn,
     post_ffn_norm: Option<RmsNorm>,
 }
 
 impl HybridLayer {
-    /// The norms and FFN of layer `p` around `operator`; `sandwich` loads the post norms.
+    /// The norms and FFN of layer `layer` around `operator`; `sandwich` loads the post norms.
     pub fn load(
         ws: &Weights,
         cfg: &ModelConfig,
-        p: &str,
+        layer: usize,
         operator: Operator,
         sandwich: bool,
     ) -> Result<HybridLayer> {
+        let p = &format!("model.layers.{layer}");
         let (d, eps) = (cfg.hidden_size, cfg.norm_eps);
+        let ffn_prefix = format!("{p}.feed_forward");
+        let feed_forward = match (cfg.ffn_kind(layer), cfg.moe()) {
+            (FfnKind::Moe, Some(moe)) => Ffn::Moe(Box::new(Moe::load(ws, &ffn_prefix, moe, d)?)),
+            _ => Ffn::Dense(Box::new(Mlp::load(
+                ws,
+                &ffn_prefix,
+                ["w1", "w3", "w2"],
+                d,
+                cfg.ffn_dim,
+            )?)),
+        };
         let norm = |name: &str| RmsNorm::load(ws, &format!("{p}.{name}"), d, eps);
         Ok(HybridLayer {
             operator_norm: norm("operator_norm")?,
@@ -46,13 +62,7 @@ impl HybridLayer {
                 None
             },
             ffn_norm: norm("ffn_norm")?,
-            feed_forward: Mlp::load(
-                ws,
-                &format!("{p}.feed_forward"),
-                ["w1", "w3", "w2"],
-                d,
-                cfg.ffn_dim,
-            )?,
+            feed_forward,
             post_ffn_norm: if sandwich {
                 Some(norm("post_ffn_norm")?)
             } else {
@@ -124,7 +134,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                     },
                 )?)),
             };
-            Ok(Box::new(HybridLayer::load(ws, cfg, &p, operator, false)?) as Box<dyn Layer>)
+            Ok(Box::new(HybridLayer::load(ws, cfg, i, operator, false)?) as Box<dyn Layer>)
         })
         .collect()
 }

@@ -10,7 +10,7 @@
 
 use super::lfm2::{conv_operator, HybridLayer};
 use super::Layer;
-use crate::config::{LayerKind, ModelConfig, RopeConfig};
+use crate::config::{FamilyConfig, LayerKind, ModelConfig, RopeConfig};
 use crate::error::Result;
 use crate::kernels::Rope;
 use crate::loader::Weights;
@@ -30,9 +30,13 @@ fn rope_for(r: &RopeConfig, head_dim: usize) -> Rope {
 
 pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
     let d = cfg.hidden_size;
-    let flag = |k: &str| cfg.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(true);
-    let sandwich = flag("use_sandwich_norm");
-    let gate = flag("use_attention_gate");
+    let (sandwich, gate) = match cfg.family {
+        FamilyConfig::Lfm3 {
+            sandwich_norm,
+            attention_gate,
+        } => (sandwich_norm, attention_gate),
+        _ => (true, true),
+    };
     cfg.layer_kinds
         .iter()
         .enumerate()
@@ -75,7 +79,7 @@ pub fn layers(cfg: &ModelConfig, ws: &Weights) -> Result<Vec<Box<dyn Layer>>> {
                     )?))
                 }
             };
-            Ok(Box::new(HybridLayer::load(ws, cfg, &p, operator, sandwich)?) as Box<dyn Layer>)
+            Ok(Box::new(HybridLayer::load(ws, cfg, i, operator, sandwich)?) as Box<dyn Layer>)
         })
         .collect()
 }

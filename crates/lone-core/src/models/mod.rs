@@ -142,11 +142,11 @@ impl Model {
         let ws = Weights::open(path, &cfg, files);
         let layers = match cfg.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::layers(&cfg, &ws)?,
-            Arch::Lfm2 => lfm2::layers(&cfg, &ws)?,
+            Arch::Lfm2 | Arch::Lfm2Moe => lfm2::layers(&cfg, &ws)?,
             Arch::Lfm3 => lfm3::layers(&cfg, &ws)?,
         };
         let (embed_name, norm_name) = match cfg.arch {
-            Arch::Lfm2 | Arch::Lfm3 => ("model.embed_tokens.weight", "model.embedding_norm"),
+            a if a.is_hybrid() => ("model.embed_tokens.weight", "model.embedding_norm"),
             _ => ("model.embed_tokens.weight", "model.norm"),
         };
         let embed = Embedding::load(&ws, embed_name, cfg.vocab_size, cfg.hidden_size)?;

@@ -1,11 +1,13 @@
 //! Building blocks shared by the model families: linear layers, norms, embeddings, attention,
-//! the gated short convolution and the SwiGLU feed-forward.
+//! the gated short convolution, the SwiGLU feed-forward and the mixture of experts.
 
 mod attention;
 mod conv;
+mod moe;
 
 pub use attention::{Attention, AttentionSpec};
 pub use conv::ShortConv;
+pub use moe::{Ffn, Moe};
 
 use crate::error::Result;
 use crate::kernels;

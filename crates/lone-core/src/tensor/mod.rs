@@ -17,7 +17,11 @@ enum Bytes {
         /// are read back unchanged on the next access.
         file: bool,
     },
-    Owned(Arc<Vec<u8>>),
+    Owned {
+        v: Arc<Vec<u8>>,
+        offset: usize,
+        len: usize,
+    },
 }
 
 /// A weight tensor in its stored format. Row-major: the last dimension is contiguous.
@@ -76,7 +80,11 @@ impl Tensor {
         Tensor {
             dtype,
             shape,
-            bytes: Bytes::Owned(Arc::new(bytes)),
+            bytes: Bytes::Owned {
+                len: bytes.len(),
+                v: Arc::new(bytes),
+                offset: 0,
+            },
             packed: Arc::default(),
             prepacked: false,
         }
@@ -107,8 +115,42 @@ impl Tensor {
             Bytes::Mmap {
                 map, offset, len, ..
             } => &map[*offset..*offset + *len],
-            Bytes::Owned(v) => v,
+            Bytes::Owned { v, offset, len } => &v[*offset..*offset + *len],
         }
+    }
+
+    /// Rows `first..first + n` (of all rows: a stacked `[E, R, C]` tensor's rows run
+    /// expert by expert) as a `[n, C]` tensor sharing these bytes — one expert of a stacked
+    /// tensor, or one half of a fused one — with its own packed copy. `None` when the range
+    /// is outside the tensor.
+    pub fn rows_view(&self, first: usize, n: usize) -> Option<Tensor> {
+        if self.prepacked || first.checked_add(n)? > self.n_rows() {
+            return None;
+        }
+        let rb = self.row_bytes();
+        let (start, bytes_len) = (first * rb, n * rb);
+        let bytes = match &self.bytes {
+            Bytes::Mmap {
+                map, offset, file, ..
+            } => Bytes::Mmap {
+                map: map.clone(),
+                offset: offset + start,
+                len: bytes_len,
+                file: *file,
+            },
+            Bytes::Owned { v, offset, .. } => Bytes::Owned {
+                v: v.clone(),
+                offset: offset + start,
+                len: bytes_len,
+            },
+        };
+        Some(Tensor {
+            dtype: self.dtype,
+            shape: vec![n, self.row_len()],
+            bytes,
+            packed: Arc::default(),
+            prepacked: false,
+        })
     }
 
     /// The bytes in the kernels' preferred layout: `pack(self)` the first time. The kernels

@@ -80,6 +80,13 @@ pub fn run(a: InspectArgs) -> Result<()> {
         .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
         .unwrap_or_else(|| "?".into());
     let sp = tok.special_tokens();
+    let experts = c.moe().map(|m| {
+        json!({
+            "count": m.n_experts, "used_per_token": m.n_used, "ffn_dim": m.expert_ffn_dim,
+            "leading_dense_layers": m.n_dense_layers, "norm_topk_prob": m.norm_topk_prob,
+            "routed_scaling_factor": m.routed_scaling_factor, "expert_bias": m.expert_bias,
+        })
+    });
     let obj = json!({
         "path": path.display().to_string(),
         "format": if path.is_dir() { "safetensors" } else { "gguf" },
@@ -89,6 +96,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         "name": info.name,
         "quant": info.quant,
         "params": info.params,
+        "active_params": info.active_params,
         "weight_bytes": info.size_bytes,
         "weight_bytes_per_token": info.bytes_per_token,
         "config": {
@@ -104,6 +112,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             "max_position_embeddings": c.max_position_embeddings,
             "bos_token_id": c.bos_token_id, "eos_token_ids": c.eos_token_ids,
             "layers": c.layer_kinds.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>(),
+            "experts": experts,
         },
         "cache": caches,
         "bandwidth_gbs": bandwidth,
@@ -137,16 +146,32 @@ pub fn run(a: InspectArgs) -> Result<()> {
             String::new()
         }
     )?;
+    let params = if info.active_params < info.params {
+        format!(
+            "{} parameters ({} active per token)",
+            fmt_params(info.params),
+            fmt_params(info.active_params)
+        )
+    } else {
+        format!("{} parameters", fmt_params(info.params))
+    };
     writeln!(
         o,
-        "model: {} — {} parameters, {} of weights ({} on disk), {} read per decoded token",
+        "model: {} — {}, {} of weights ({} on disk), {} read per decoded token",
         info.name,
-        fmt_params(info.params),
+        params,
         fmt_bytes(info.size_bytes),
         fmt_bytes(file_bytes),
         fmt_bytes(info.bytes_per_token)
     )?;
     writeln!(o, "layers: {} ({})", c.n_layers, layer_summary(&model))?;
+    if let Some(m) = c.moe() {
+        writeln!(
+            o,
+            "experts: {} per MoE layer, {} chosen per token (width {}); leading dense layers: {}",
+            m.n_experts, m.n_used, m.expert_ffn_dim, m.n_dense_layers
+        )?;
+    }
     writeln!(
         o,
         "shape: hidden {}, ffn {}, heads {} (kv {}, head_dim {}), vocab {}, context {}",

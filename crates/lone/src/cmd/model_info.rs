@@ -57,6 +57,10 @@ pub struct Info {
     pub quant: String,
     pub size_bytes: u64,
     pub params: u64,
+    /// Parameters a decoded token uses: all but the experts it does not choose (= `params`
+    /// for a dense model).
+    pub active_params: u64,
+    /// Bytes of weights a decoded token reads (a MoE model's chosen experts only).
     pub bytes_per_token: u64,
     pub cpu: String,
     pub threads: usize,
@@ -73,6 +77,7 @@ impl Info {
             "quant": self.quant,
             "size_bytes": self.size_bytes,
             "params": self.params,
+            "active_params": self.active_params,
             "weight_bytes_per_token": self.bytes_per_token,
             "backend": "CPU",
             "isa": lone_core::kernels::isa().name(),
@@ -183,10 +188,16 @@ pub fn tensor_table(model: &Model) -> Vec<TensorRow> {
     }
 }
 
+/// Whether a tensor holds experts of a MoE layer (GGUF `ffn_*_exps`, HF `experts.*`).
+fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.") || name.contains(".experts.")
+}
+
 /// Sizes and labels from the weight files: every tensor's stored bytes and element count;
 /// bytes read per decoded token = all tensors except the embedding table (one row is looked
 /// up) plus the matrix the lm_head matmul reads (the embedding when tied; an F16/BF16
-/// head's Q8_0 copy where decode reads that).
+/// head's Q8_0 copy where decode reads that), of a MoE layer's experts only the share a
+/// token chooses (`n_used / n_experts`: the active bytes).
 pub fn model_info(model: &Model, path: &Path) -> Info {
     let tensors: Vec<(String, u64, u64, String)> = tensor_table(model)
         .into_iter()
@@ -221,7 +232,17 @@ pub fn model_info(model: &Model, path: &Path) -> Info {
     };
     // An F16/BF16 head is read at decode through its Q8_0 copy on x86 and ARM (default and fast mode).
     let head_used = model.decode_head_copy_bytes().unwrap_or(head_used);
-    let bytes_per_token = size_bytes - embed - head + head_used;
+    let mut bytes_per_token = size_bytes - embed - head + head_used;
+    let mut active_params = params;
+    if let Some(m) = model.cfg.moe() {
+        let (eb, ep) = tensors
+            .iter()
+            .filter(|t| is_expert_tensor(&t.0))
+            .fold((0u64, 0u64), |a, t| (a.0 + t.1, a.1 + t.2));
+        let share = |x: u64| (x as u128 * m.n_used as u128 / m.n_experts as u128) as u64;
+        bytes_per_token = bytes_per_token - eb + share(eb);
+        active_params = params - ep + share(ep);
+    }
     // Without a file type: the format holding the most bytes.
     let quant = quant_meta.unwrap_or_else(|| {
         let mut by: Vec<(String, u64)> = Vec::new();
@@ -237,12 +258,20 @@ pub fn model_info(model: &Model, path: &Path) -> Info {
             .unwrap_or_else(|| "?".into())
     });
     let arch = model.cfg.arch.name();
-    let label = if params >= 1_000_000_000 {
-        format!("{:.1}B", params as f64 / 1e9)
-    } else if params >= 10_000_000 {
-        format!("{}M", (params as f64 / 1e6).round())
+    let size_label = |params: u64| {
+        if params >= 1_000_000_000 {
+            format!("{:.1}B", params as f64 / 1e9)
+        } else if params >= 10_000_000 {
+            format!("{}M", (params as f64 / 1e6).round())
+        } else {
+            format!("{:.2}M", params as f64 / 1e6)
+        }
+    };
+    // A MoE model as llama.cpp names it: total and active parameters (8.3B-A1.5B).
+    let label = if active_params < params {
+        format!("{}-A{}", size_label(params), size_label(active_params))
     } else {
-        format!("{:.2}M", params as f64 / 1e6)
+        size_label(params)
     };
     Info {
         path: path.display().to_string(),
@@ -251,6 +280,7 @@ pub fn model_info(model: &Model, path: &Path) -> Info {
         quant,
         size_bytes,
         params,
+        active_params,
         bytes_per_token,
         cpu: cpu_model(),
         threads: lone_core::kernels::threads(),
