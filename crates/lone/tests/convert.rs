@@ -125,6 +125,27 @@ fn moe_checkpoints_convert_to_the_converters_tensors_and_keep_their_scaling() {
     }
 }
 
+/// llama-quantize on an LFM2-MoE GGUF (the converter's F32 file → Q4_0): the stacked experts
+/// quantized row by row, the router kept F32, and llama.cpp's rule for a model of exactly 8
+/// experts (attention K and V in Q8_0) — the very bytes llama-quantize wrote.
+#[test]
+fn moe_ggufs_requantize_to_llama_quantizes_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = std::fs::read(fixture("lfm2_moe").join("model-q4_0.gguf")).unwrap();
+    let got = convert(
+        &fixture("lfm2_moe").join("model-f32.gguf"),
+        &dir.path().join("q4_0.gguf"),
+        "q4_0",
+    );
+    assert!(
+        got == want,
+        "lone wrote {} bytes, llama-quantize {}; first difference at byte {:?}",
+        got.len(),
+        want.len(),
+        got.iter().zip(&want).position(|(a, b)| a != b)
+    );
+}
+
 #[test]
 fn model_cards_and_named_templates_give_the_converters_metadata() {
     // tests/reference/convert/model_card.py: the llama fixture in directories with a README.md

@@ -1,5 +1,7 @@
 //! What `llama-quantize` writes for a file type (llama.cpp 0c1e570, `src/llama-quant.cpp`),
-//! for the types lone produces and models without experts:
+//! for the types lone produces (experts included: stacked `ffn_*_exps` quantize row by row
+//! like any matrix, and a model of exactly 8 experts gets llama.cpp's Mixtral rules: attention
+//! K and V in Q8_0, attention output in Q5_K for the K-quant mixes up to Q4_K_M):
 //! - metadata copied in order, then `general.quantization_version` and `general.file_type`
 //!   moved to the end;
 //! - tensors ordered by layer (non-layer tensors first), then by name;
@@ -100,6 +102,8 @@ struct State {
     n_layer: i64,
     i_ffn_down: i64,
     n_gqa: u64,
+    /// `{arch}.expert_count` (0 without experts).
+    n_expert: u64,
     tied: bool,
     has_imatrix: bool,
 }
@@ -125,7 +129,14 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
             F::Q4KS if s.i_attention_wv < 4 => t = D::Q5K,
             _ => {}
         }
+        if s.n_expert == 8 {
+            t = D::Q8_0;
+        }
         s.i_attention_wv += 1;
+    } else if cat == Category::AttnK {
+        if s.n_expert == 8 {
+            t = D::Q8_0;
+        }
     } else if cat == Category::FfnDown {
         let (i, n) = (s.i_ffn_down, s.n_layer);
         match ft {
@@ -142,11 +153,17 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
         }
         s.i_ffn_down += 1;
     } else if cat == Category::AttnOutput {
-        match ft {
-            F::Q2K => t = D::Q3K,
-            F::Q3KM => t = D::Q4K,
-            F::Q3KL => t = D::Q5K,
-            _ => {}
+        if s.n_expert == 8 {
+            if matches!(ft, F::Q2K | F::Q3KS | F::Q3KM | F::Q4KS | F::Q4KM) {
+                t = D::Q5K;
+            }
+        } else {
+            match ft {
+                F::Q2K => t = D::Q3K,
+                F::Q3KM => t = D::Q4K,
+                F::Q3KL => t = D::Q5K,
+                _ => {}
+            }
         }
     } else if cat == Category::AttnQkv {
         match ft {
@@ -240,6 +257,10 @@ pub fn requantize(
         n_layer: n_layer as i64,
         i_ffn_down: 0,
         n_gqa: n_head.checked_div(n_head_kv).unwrap_or(0),
+        n_expert: plan
+            .get(&format!("{arch}.expert_count"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0),
         tied: !plan.tensors.iter().any(|t| t.name == "output.weight"),
         has_imatrix: imatrix.is_some(),
     };
