@@ -94,7 +94,7 @@ impl Imatrix {
         let stats = activations::stop();
         run?;
         let mut entries = BTreeMap::new();
-        for (name, (sums, rows)) in stats {
+        for (name, (sums, counts)) in stats {
             if !(name.starts_with("blk.") || (process_output && name == "output.weight")) {
                 continue;
             }
@@ -107,7 +107,7 @@ impl Imatrix {
                 name,
                 Entry {
                     sums,
-                    counts: vec![rows as f32],
+                    counts: counts.iter().map(|&c| c as f32).collect(),
                 },
             );
         }

@@ -9,7 +9,7 @@ in `llama-quantize.json`. crates/lone/tests/convert.rs converts the same inputs 
 the HF checkpoint directly) and compares.
 
 Importance matrices: `llama-imatrix` over the LFM license text (`-c 128 --chunks 8`) of the
-llama and lfm2_a fixtures writes `<name>.imatrix.gguf` (and `<name>.imatrix.dat`, the legacy
+llama, lfm2_a and lfm2_moe fixtures writes `<name>.imatrix.gguf` (and `<name>.imatrix.dat`, the legacy
 format) here, committed; llama-quantize then runs with `--imatrix <file>` (from this
 directory, so the file name it records is the bare name) for IMATRIX_TYPES, recorded in the
 same JSON with `"imatrix": <file>`.
@@ -34,8 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
-FAMILIES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama"]
-IMATRIX_FAMILIES = ["llama", "lfm2_a"]
+FAMILIES = ["lfm2_a", "lfm2_b", "qwen2", "qwen3", "llama", "lfm2_moe"]
+IMATRIX_FAMILIES = ["llama", "lfm2_a", "lfm2_moe"]
 IMATRIX_TYPES = ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1",
                  "Q5_0", "Q5_1"]
 TEXT = HERE.parent / "tokenizer" / "assets" / "lfm2" / "LICENSE.lfm1.0.txt"

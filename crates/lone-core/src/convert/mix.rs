@@ -277,12 +277,14 @@ pub fn requantize(
         if let Some((im, _)) = imatrix {
             if t.dtype.is_quantized() {
                 if let Some(qw) = im.importance(&t.name) {
-                    if qw.len() != t.row_len() {
+                    // One row of importances per matrix: per expert for a stack of experts.
+                    let n_mat = if t.shape.len() == 3 { t.shape[0] } else { 1 };
+                    if qw.len() != t.row_len() * n_mat {
                         if category(&t.name) != Category::TokenEmbd {
                             return Err(Error::Config(format!(
                                 "imatrix size {} is different from tensor size {} for {}",
                                 qw.len(),
-                                t.row_len(),
+                                t.row_len() * n_mat,
                                 t.name
                             )));
                         }

@@ -258,7 +258,8 @@ pub struct PlanTensor {
     pub dtype: DType,
     pub source: Source,
     pub rows: RowOrder,
-    /// Per-column importances (an imatrix row) for the quantizer, if any.
+    /// Per-column importances (an imatrix row) for the quantizer, if any; for a stack of
+    /// experts one row per expert, expert by expert.
     pub importance: Option<std::sync::Arc<Vec<f32>>>,
 }
 
@@ -450,7 +451,13 @@ fn encode(t: &PlanTensor, threads: usize) -> Result<Vec<u8>> {
                         let r = c * per + k;
                         src.row_to_f32(source_row(r), &mut row);
                         match &t.importance {
-                            Some(qw) => quant::quantize_row_weighted(dtype, &row, qw, dst),
+                            Some(qw) => {
+                                // Row r's matrix (its expert) has its own importances.
+                                let n_mat = (qw.len() / n.max(1)).max(1);
+                                let m = r / (rows / n_mat).max(1);
+                                let qw = qw.get(m * n..(m + 1) * n).unwrap_or(qw);
+                                quant::quantize_row_weighted(dtype, &row, qw, dst)
+                            }
                             None => quant::quantize_row(dtype, &row, dst),
                         }
                         .map_err(|e| {

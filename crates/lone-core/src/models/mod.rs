@@ -568,6 +568,7 @@ mod tests {
             in_dim: h,
             out_dim: v,
             name: None,
+            expert: None,
         };
         let xs: Vec<f32> = (0..n * h).map(|_| rng.f32()).collect();
         let exact: Vec<f32> = (0..n * v)

@@ -581,6 +581,7 @@ mod tests {
             in_dim: 1,
             out_dim: 1,
             name: None,
+            expert: None,
         }
     }
 

@@ -31,6 +31,9 @@ pub struct Linear {
     /// The weight's GGUF name (`blk.0.attn_q.weight`), under which [`activations`] records
     /// its inputs.
     pub name: Option<String>,
+    /// One expert of a stacked tensor (`name` is the stack's): its index and the number of
+    /// experts, for [`activations`]' per-expert statistics.
+    pub expert: Option<(usize, usize)>,
 }
 
 /// The sums of squares of every [`Linear`]'s input columns, by weight name, while recording:
@@ -45,8 +48,9 @@ pub mod activations {
 
     pub const MIN_ROWS: usize = 16;
 
-    /// Σx² per input column and the number of rows seen.
-    pub type Stats = BTreeMap<String, (Vec<f32>, u64)>;
+    /// Σx² per input column and the number of rows seen, per matrix: one for a plain
+    /// weight, one per expert (the sums expert by expert) for a stack of experts.
+    pub type Stats = BTreeMap<String, (Vec<f32>, Vec<u64>)>;
 
     static ON: AtomicBool = AtomicBool::new(false);
     static STATS: Mutex<Stats> = Mutex::new(BTreeMap::new());
@@ -63,22 +67,42 @@ pub mod activations {
     }
 
     pub(crate) fn record(name: &str, x: &[f32], n: usize, dim: usize) {
-        if !ON.load(Ordering::Relaxed) || n < MIN_ROWS || dim == 0 {
+        if n >= MIN_ROWS {
+            add(name, 0, 1, x, n, dim);
+        }
+    }
+
+    /// Expert `j` of `n_experts` in the stack `name` saw rows `x`: recorded whatever their
+    /// number, as llama-imatrix records every expert product (`MUL_MAT_ID`).
+    pub(crate) fn record_expert(
+        name: &str,
+        j: usize,
+        n_experts: usize,
+        x: &[f32],
+        n: usize,
+        dim: usize,
+    ) {
+        add(name, j, n_experts, x, n, dim);
+    }
+
+    fn add(name: &str, j: usize, n_mat: usize, x: &[f32], n: usize, dim: usize) {
+        if !ON.load(Ordering::Relaxed) || n == 0 || dim == 0 || j >= n_mat {
             return;
         }
         let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
         let e = stats
             .entry(name.to_string())
-            .or_insert_with(|| (vec![0.0; dim], 0));
-        if e.0.len() != dim {
+            .or_insert_with(|| (vec![0.0; dim * n_mat], vec![0; n_mat]));
+        if e.0.len() != dim * n_mat || e.1.len() != n_mat {
             return;
         }
+        let sums = &mut e.0[j * dim..(j + 1) * dim];
         for row in x.chunks_exact(dim).take(n) {
-            for (a, &v) in e.0.iter_mut().zip(row) {
+            for (a, &v) in sums.iter_mut().zip(row) {
                 *a += v * v;
             }
         }
-        e.1 += n as u64;
+        e.1[j] += n as u64;
     }
 }
 
@@ -102,6 +126,7 @@ impl Linear {
             in_dim,
             out_dim,
             name: crate::loader::hf_to_gguf_name(&format!("{prefix}.weight")),
+            expert: None,
         })
     }
 
@@ -113,12 +138,15 @@ impl Linear {
             in_dim,
             out_dim,
             name: None,
+            expert: None,
         }
     }
 
     fn record(&self, x: &[f32], n: usize) {
-        if let Some(name) = &self.name {
-            activations::record(name, x, n, self.in_dim);
+        match (&self.name, self.expert) {
+            (Some(name), Some((j, e))) => activations::record_expert(name, j, e, x, n, self.in_dim),
+            (Some(name), None) => activations::record(name, x, n, self.in_dim),
+            _ => {}
         }
     }
 

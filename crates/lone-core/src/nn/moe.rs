@@ -78,7 +78,7 @@ impl Moe {
         };
         let fused = format!("{prefix}.experts.gate_up_proj");
         let stacked = format!("{prefix}.experts.w1.weight");
-        let experts = if ws.get_opt(&fused)?.is_some() {
+        let mut experts = if ws.get_opt(&fused)?.is_some() {
             let gu = ws.get(&fused, &[e, 2 * ffn, dim])?;
             let down_name = format!("{prefix}.experts.down_proj");
             let down = ws.get(&down_name, &[e, dim, ffn])?;
@@ -121,6 +121,16 @@ impl Moe {
                 })
                 .collect::<Result<Vec<_>>>()?
         };
+        // Statistics (`lone imatrix`) by the GGUF stack's name and the expert's index, as
+        // llama-imatrix keeps them, whatever the layout.
+        let stack =
+            |w: &str| crate::loader::hf_to_gguf_name(&format!("{prefix}.experts.{w}.weight"));
+        for (j, m) in experts.iter_mut().enumerate() {
+            for (l, w) in [(&mut m.gate, "w1"), (&mut m.up, "w3"), (&mut m.down, "w2")] {
+                l.name = stack(w);
+                l.expert = Some((j, e));
+            }
+        }
         Ok(Moe {
             router,
             expert_bias,
