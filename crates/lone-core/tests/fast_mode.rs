@@ -133,7 +133,7 @@ fn decode_logits(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
 }
 
 /// In the default mode on the SIMD families (x86, aarch64) an F16 or BF16 head is read
-/// through a Q8_0 copy of itself (`Model::decode_head`) for every logit row, the prompt's
+/// through a Q8_0 copy of itself (`nn::Head`) for every logit row, the prompt's
 /// included (every row takes the same computation): every step's top logits are the head's
 /// own (exact mode's up to f32 summation order) and the greedy tokens are exact mode's, while
 /// the logits below the top 32 are the copy's — off exact mode's by about a Q8_0 rounding,

@@ -246,11 +246,11 @@ impl Calibration {
 /// Set the weight named `name` (a layer's matrix or the LM head; a tied embedding is both
 /// the head and the lookup table) to `t`.
 fn swap(model: &mut Model, name: &str, t: Tensor) {
-    if model.lm_head.name.as_deref() == Some(name) {
+    if model.lm_head.linear.name.as_deref() == Some(name) {
         if name == "token_embd.weight" {
             model.embed.t = t.clone();
         }
-        model.lm_head.w = t;
+        model.lm_head.linear.w = t;
         return;
     }
     for layer in model.layers.iter_mut() {
@@ -265,8 +265,8 @@ fn swap(model: &mut Model, name: &str, t: Tensor) {
 
 /// The weight named `name`, as the model holds it.
 fn weight(model: &mut Model, name: &str) -> Result<Tensor> {
-    if model.lm_head.name.as_deref() == Some(name) {
-        return Ok(model.lm_head.w.clone());
+    if model.lm_head.linear.name.as_deref() == Some(name) {
+        return Ok(model.lm_head.linear.w.clone());
     }
     for layer in model.layers.iter_mut() {
         for l in layer.linears_mut() {
@@ -288,7 +288,7 @@ fn weight_names(model: &mut Model) -> Vec<(String, Option<usize>)> {
         }
     }
     let head = model.layers.len();
-    if let Some(n) = model.lm_head.name.clone() {
+    if let Some(n) = model.lm_head.linear.name.clone() {
         let from = (n != "token_embd.weight").then_some(head);
         names.push((n, from));
     }

@@ -78,9 +78,11 @@ use vecops::*;
 pub(crate) use gemm::stored_row;
 pub use matmul::{matmul, matmul_many, matmul_with};
 pub(crate) use mode::q8_0_copy_for_fast_rows;
+// What the thread's pass put in force, for the kernels' own choices (layers get the `Pass`).
+pub(crate) use mode::{decode_rows, prompt_rows};
 pub use mode::{
-    decode_rows, exact, exact_scope, global_mode, mode, prompt_rows, set_exact, set_mode, Compute,
-    Mode, Scope,
+    exact, exact_scope, global_mode, mode, set_exact, set_mode, Compute, Mode, Pass, PassKind,
+    Scope,
 };
 pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, softmax_unnormalized, Rope};
 pub use table::{isa, row_invariant_rows, Isa};

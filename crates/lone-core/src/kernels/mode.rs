@@ -158,29 +158,99 @@ impl Compute {
         self.mode.unwrap_or_else(mode)
     }
 
-    /// Put this context in force on the current thread until the guard drops. `prompt`: the
-    /// rows are prompt tokens. The default mode multiplies every row as a decode row (the
-    /// matrix-vector kernels, 8-bit where the format has them), so a request's rows give
-    /// the same results whether they come as a prompt, whole or in chunks, from a cache,
-    /// or as a previous reply's decoded tokens. Exact mode's prompt rows take the f32 GEMM
-    /// for every row count (each output one FMA chain over `k`: the same for a row whatever
-    /// the other rows), its decode rows the matrix-vector kernels; fast mode picks by row
-    /// count.
-    pub fn enter(&self, prompt: bool) -> Scope {
-        let m = self.mode();
-        let (mode, prompt) = if prompt && m == Mode::Exact {
-            (Mode::Exact, true)
-        } else {
-            (m, false)
+    /// The pass this context runs rows in — the one place the numeric policy is decided.
+    /// `prompt`: the rows are prompt tokens. The default mode multiplies every row as a
+    /// decode row (the matrix-vector kernels, 8-bit where the format has them), so a
+    /// request's rows give the same results whether they come as a prompt, whole or in
+    /// chunks, from a cache, or as a previous reply's decoded tokens. Exact mode's prompt rows
+    /// take the f32 GEMM for every row count (each output one FMA chain over `k`: the same
+    /// for a row whatever the other rows), its decode rows the matrix-vector kernels; fast
+    /// mode picks by row count.
+    pub fn pass(&self, prompt: bool) -> Pass {
+        let mode = self.mode();
+        let kind = match mode {
+            Mode::Exact if prompt => PassKind::ExactPrompt,
+            Mode::Fast => PassKind::ByRowCount,
+            _ => PassKind::RowsAlone,
         };
-        let decode = !prompt && m != Mode::Fast;
+        Pass {
+            kind,
+            mode,
+            threads: self.threads.or_else(threads_here),
+        }
+    }
+
+    /// [`Compute::pass`] put in force on the current thread until the guard drops.
+    pub fn enter(&self, prompt: bool) -> Scope {
+        self.pass(prompt).enter()
+    }
+}
+
+/// How a pass's rows are multiplied ([`Compute::pass`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassKind {
+    /// Every row as it would be alone: the matrix-vector kernels for every row count,
+    /// attention row by row (the default mode; exact mode's decode rows).
+    RowsAlone,
+    /// Exact mode's prompt rows: the f32 GEMM (and attention's matrix products) for every
+    /// row count.
+    ExactPrompt,
+    /// Fast mode: each path by its number of rows.
+    ByRowCount,
+}
+
+/// One forward pass's numeric policy, decided once by [`Compute::pass`] and handed down
+/// `Model::forward` → layers → attention; [`Pass::enter`] puts it in force for the kernels
+/// the pass calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pass {
+    pub kind: PassKind,
+    pub mode: Mode,
+    /// Threads of each parallel region (the caller included); None: the pool's.
+    pub threads: Option<usize>,
+}
+
+impl Pass {
+    /// Whether each row must come out as it would alone (no many-row GEMM, attention row
+    /// by row).
+    pub fn rows_alone(&self) -> bool {
+        self.kind == PassKind::RowsAlone
+    }
+
+    /// Whether rows take the exact many-row products whatever their number.
+    pub fn exact_prompt(&self) -> bool {
+        self.kind == PassKind::ExactPrompt
+    }
+
+    /// Whether this pass's products are exact on every path (f32 activations).
+    pub fn exact(&self) -> bool {
+        match self.mode {
+            Mode::Exact => true,
+            Mode::Fast => false,
+            Mode::Auto => !isa().has_8bit(),
+        }
+    }
+
+    /// The same pass for rows that must be exact and alone: the head's logit rows of an exact
+    /// prompt pass (the matrix-vector head, not a GEMM that would dequantize all of it).
+    pub fn exact_rows(&self) -> Pass {
+        Pass {
+            kind: PassKind::RowsAlone,
+            mode: Mode::Exact,
+            threads: self.threads,
+        }
+    }
+
+    /// Put this pass in force on the current thread until the guard drops: the kernels read
+    /// it at their entry.
+    pub fn enter(&self) -> Scope {
         Scope(HERE.with(|c| {
             c.replace(Here {
-                mode: Some(mode),
-                base: Some(m),
-                prompt,
-                decode,
-                threads: self.threads.or(c.get().threads),
+                mode: Some(self.mode),
+                base: Some(self.mode),
+                prompt: self.kind == PassKind::ExactPrompt,
+                decode: self.kind == PassKind::RowsAlone && self.mode != Mode::Fast,
+                threads: self.threads,
             })
         }))
     }

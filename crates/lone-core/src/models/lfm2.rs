@@ -12,7 +12,7 @@ use super::Layer;
 use crate::cache::SeqCache;
 use crate::config::{FfnKind, LayerKind, ModelConfig};
 use crate::error::Result;
-use crate::kernels::{add_inplace, Rope};
+use crate::kernels::{add_inplace, Pass, Rope};
 use crate::loader::Weights;
 use crate::nn::{
     Attention, AttentionSpec, Ffn, Linear, Mlp, Moe, Operator, RmsNorm, Row, ShortConv,
@@ -73,9 +73,16 @@ impl HybridLayer {
 }
 
 impl Layer for HybridLayer {
-    fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
+    fn forward(
+        &self,
+        x: &mut [f32],
+        rows: &[Row],
+        pass: &Pass,
+        caches: &mut [SeqCache],
+        layer: usize,
+    ) {
         let h = self.operator_norm.apply(x);
-        let mut a = self.operator.forward(&h, rows, caches, layer);
+        let mut a = self.operator.forward(&h, rows, pass, caches, layer);
         if let Some(n) = &self.post_operator_norm {
             n.forward(&mut a);
         }

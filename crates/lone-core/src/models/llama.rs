@@ -10,7 +10,7 @@ use super::Layer;
 use crate::cache::SeqCache;
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::kernels::{add_inplace, Rope};
+use crate::kernels::{add_inplace, Pass, Rope};
 use crate::loader::Weights;
 use crate::nn::{Attention, AttentionSpec, Linear, Mlp, RmsNorm, Row};
 
@@ -22,10 +22,17 @@ pub struct DecoderLayer {
 }
 
 impl Layer for DecoderLayer {
-    fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize) {
+    fn forward(
+        &self,
+        x: &mut [f32],
+        rows: &[Row],
+        pass: &Pass,
+        caches: &mut [SeqCache],
+        layer: usize,
+    ) {
         let n = rows.len();
         let h = self.input_layernorm.apply(x);
-        let a = self.self_attn.forward(&h, rows, caches, layer);
+        let a = self.self_attn.forward(&h, rows, pass, caches, layer);
         add_inplace(x, &a);
         let h = self.post_attention_layernorm.apply(x);
         let m = self.mlp.forward(&h, n);

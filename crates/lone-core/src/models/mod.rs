@@ -13,11 +13,11 @@ use std::path::Path;
 use crate::cache::{KvType, SeqCache, DEFAULT_ROLLBACK};
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kernels::Pass;
 use crate::loader::gguf::GgufFile;
 use crate::loader::safetensors::SafetensorsFiles;
 use crate::loader::{WeightFiles, Weights};
-use crate::nn::{Embedding, Linear, RmsNorm, Row};
-use crate::tensor::DType;
+use crate::nn::{Embedding, Head, Linear, RmsNorm, Row};
 
 /// Rows to run through the model: each is (sequence, position, token). Rows of one sequence
 /// must be in position order and continue that sequence's cache.
@@ -79,9 +79,17 @@ pub struct ForwardOutput {
     pub hidden: Vec<Vec<f32>>,
 }
 
-/// One decoder layer: updates the residual stream `x` (`[n, hidden]`) in place.
+/// One decoder layer: updates the residual stream `x` (`[n, hidden]`) in place, its rows
+/// computed as `pass` says.
 pub trait Layer: Send + Sync {
-    fn forward(&self, x: &mut [f32], rows: &[Row], caches: &mut [SeqCache], layer: usize);
+    fn forward(
+        &self,
+        x: &mut [f32],
+        rows: &[Row],
+        pass: &Pass,
+        caches: &mut [SeqCache],
+        layer: usize,
+    );
     /// Every weight matrix of the layer (to swap a tensor's format, `lone convert
     /// --target-bpw`).
     fn linears_mut(&mut self) -> Vec<&mut Linear>;
@@ -93,17 +101,13 @@ pub struct Model {
     pub embed: Embedding,
     pub layers: Vec<Box<dyn Layer>>,
     pub final_norm: RmsNorm,
-    pub lm_head: Linear,
+    pub lm_head: Head,
     /// Where the weights came from (for messages and `inspect`).
     pub weights: Weights,
     /// How [`Model::new_cache`] stores attention keys and values (default f32, exact).
     pub kv_type: KvType,
     /// Numeric mode and threads of this model's forward passes.
     pub compute: crate::kernels::Compute,
-    /// An F16/BF16 head's Q8_0 copy for decode in [`crate::kernels::Mode::Auto`] (see
-    /// [`Model::decode_head`]), built on first use, with the address of the head's bytes it
-    /// was made from (a head swapped since is not read through it).
-    head_8bit: std::sync::OnceLock<(usize, Linear)>,
 }
 
 impl Model {
@@ -166,11 +170,10 @@ impl Model {
             embed,
             layers,
             final_norm,
-            lm_head,
+            lm_head: Head::new(lm_head),
             weights: ws,
             kv_type: KvType::F32,
             compute: Default::default(),
-            head_8bit: Default::default(),
         })
     }
 
@@ -269,7 +272,8 @@ impl Model {
         capture_hidden: bool,
     ) -> Result<ForwardOutput> {
         self.check_batch(batch, caches)?;
-        let _compute = self.compute.enter(batch.prompt);
+        let pass = self.compute.pass(batch.prompt);
+        let _scope = pass.enter();
         let mut out = ForwardOutput::default();
         if batch.is_empty() {
             return Ok(out);
@@ -278,7 +282,7 @@ impl Model {
         if capture_hidden {
             out.hidden.push(x.clone());
         }
-        self.layers_and_head(batch, caches, 0, x, capture_hidden, out)
+        self.layers_and_head(batch, &pass, caches, 0, x, capture_hidden, out)
     }
 
     /// Run `batch` from layer `start` on, its hidden states entering that layer being `x`
@@ -303,16 +307,27 @@ impl Model {
                 self.cfg.hidden_size
             )));
         }
-        let _compute = self.compute.enter(batch.prompt);
+        let pass = self.compute.pass(batch.prompt);
+        let _scope = pass.enter();
         if batch.is_empty() {
             return Ok(ForwardOutput::default());
         }
-        self.layers_and_head(batch, caches, start, x, false, ForwardOutput::default())
+        self.layers_and_head(
+            batch,
+            &pass,
+            caches,
+            start,
+            x,
+            false,
+            ForwardOutput::default(),
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn layers_and_head(
         &self,
         batch: &Batch,
+        pass: &Pass,
         caches: &mut [SeqCache],
         start: usize,
         mut x: Vec<f32>,
@@ -321,7 +336,7 @@ impl Model {
     ) -> Result<ForwardOutput> {
         let h = self.cfg.hidden_size;
         for (l, layer) in self.layers.iter().enumerate().skip(start) {
-            layer.forward(&mut x, &batch.rows, caches, l);
+            layer.forward(&mut x, &batch.rows, pass, caches, l);
             if capture_hidden {
                 out.hidden.push(x.clone());
             }
@@ -338,32 +353,7 @@ impl Model {
             xs.extend_from_slice(&x[i * h..(i + 1) * h]);
         }
         self.final_norm.forward(&mut xs);
-        // Exact mode's prompt passes multiply their logit rows (each sequence's last) on the
-        // exact matrix-vector kernel, not the prompt GEMM, which would dequantize the whole
-        // head for a row; scoring every row (perplexity) takes the GEMM. In the default mode
-        // every logit row of every pass takes the same kernel (the 8-bit one where the
-        // head's format has it; an F16/BF16 head through its Q8_0 copy, `decode_head`), and
-        // each row's top `RESCORE_TOP` logits are recomputed exactly after, so the token
-        // picked (and the top of a sampled distribution) is the exact head's. (A finite
-        // `row_invariant_rows` means the head is on 8-bit kernels.)
-        let exact_rows = crate::kernels::Compute {
-            mode: Some(crate::kernels::Mode::Exact),
-            threads: None,
-        };
-        let head = self.decode_head(batch.score_all);
-        let copy = !std::ptr::eq(head, &self.lm_head);
-        let lim = crate::kernels::row_invariant_rows(head.w.dtype);
-        let rescore = copy
-            || (crate::kernels::mode() == crate::kernels::Mode::Auto
-                && !crate::kernels::exact()
-                && lim != usize::MAX);
-        let _head =
-            (crate::kernels::prompt_rows() && !batch.score_all).then(|| exact_rows.enter(false));
-        out.logits = head.forward(&xs, sel.len());
-        drop(_head);
-        if rescore {
-            rescore_top(&self.lm_head, &xs, &mut out.logits, RESCORE_TOP);
-        }
+        out.logits = self.lm_head.logits(&xs, sel.len(), pass, batch.score_all);
         Ok(out)
     }
 }
@@ -405,195 +395,10 @@ impl Model {
     }
 }
 
-/// Candidates per row that [`Model::forward`] recomputes exactly in [`crate::kernels::Mode::Auto`]
-/// on 8-bit kernels. The 8-bit head moves logits by well under one unit (measured on SmolLM2
-/// against llama.cpp: ≤ 1.2 nats in the top 10), so the exact argmax is among the 8-bit top 32.
-const RESCORE_TOP: usize = 32;
-
 impl Model {
-    /// The head a pass's logit rows are multiplied by: the model's own, or on x86 an
-    /// F16/BF16 head's Q8_0 copy — in [`crate::kernels::Mode::Auto`] and fast mode, for any
-    /// pass that does not score every row (perplexity wants each row's logit of its next
-    /// token, not the top). Decode reads the whole head once per token (a
-    /// fifth of LFM2-350M F16's bytes, over a quarter of Qwen2.5-0.5B's), and the copy is
-    /// 53 % of those bytes on the 8-bit kernels every quantized head takes in these modes;
-    /// `forward` then rescores each row's top [`RESCORE_TOP`] logits with the model's own
-    /// head, so the token picked (and the top of a sampled distribution) is the F16/BF16
-    /// head's. The copy is built on first use and kept beside the head (the embedding rows
-    /// still come from the head's tensor).
-    fn decode_head(&self, score_all: bool) -> &Linear {
-        let head = &self.lm_head;
-        let mode = crate::kernels::mode();
-        let here = match mode {
-            crate::kernels::Mode::Fast => !score_all,
-            _ => crate::kernels::decode_rows() && !score_all,
-        };
-        if !(here && self.head_copy_in(mode)) {
-            return head;
-        }
-        let at = head.w.data().as_ptr() as usize;
-        let (from, copy) = self.head_8bit.get_or_init(|| {
-            let w = crate::kernels::q8_0_copy_for_fast_rows(&head.w);
-            let copy = Linear {
-                b: head.b.clone(),
-                ..Linear::from_tensor(w)
-            };
-            (at, copy)
-        });
-        if *from == at {
-            copy
-        } else {
-            head
-        }
-    }
-
-    /// Whether decode passes in `mode` read the head through its Q8_0 copy
-    /// ([`Model::decode_head`]): an F16/BF16 head of whole Q8_0 blocks, `Auto` or `Fast` on
-    /// a family with 8-bit kernels.
-    fn head_copy_in(&self, mode: crate::kernels::Mode) -> bool {
-        matches!(self.lm_head.w.dtype, DType::F16 | DType::BF16)
-            && mode != crate::kernels::Mode::Exact
-            && crate::kernels::isa().has_8bit()
-            && self.lm_head.in_dim.is_multiple_of(DType::Q8_0.block_size())
-    }
-
     /// The bytes of the head's Q8_0 copy when this model's decode reads the head through it
     /// (in its [`crate::kernels::Compute`] mode): what a decoded token reads of the head then.
     pub fn decode_head_copy_bytes(&self) -> Option<u64> {
-        self.head_copy_in(self.compute.mode()).then(|| {
-            let rb = DType::Q8_0.bytes_for(self.lm_head.in_dim).unwrap_or(0);
-            (rb * self.lm_head.out_dim) as u64
-        })
-    }
-}
-
-/// Replace each row's `k` largest logits by the exact dot products of the head's rows with
-/// the activations (the scalar reference: dequantized weights, f32 activations). The rows
-/// come from the head's packed copy where it has one, as every other read of it.
-fn rescore_top(head: &Linear, xs: &[f32], logits: &mut [f32], k: usize) {
-    let v = head.out_dim;
-    let h = head.in_dim;
-    if v == 0 || h == 0 {
-        return;
-    }
-    let k = k.min(v);
-    let mut top: Vec<(f32, usize)> = Vec::with_capacity(k);
-    let mut buf = Vec::new();
-    for (x, row) in xs.chunks_exact(h).zip(logits.chunks_exact_mut(v)) {
-        top_k(row, k, &mut top);
-        for &(_, i) in &top {
-            let w = crate::kernels::stored_row(&head.w, i, &mut buf);
-            let dot = crate::quant::reference::dot_row(head.w.dtype, w, x)
-                .expect("head rows are whole blocks (checked at load)");
-            row[i] = dot + head.b.as_ref().map_or(0.0, |b| b[i]);
-        }
-    }
-}
-
-/// The `k` largest values of `row` (NaN never counts) with their indices, in no order: one pass
-/// that only touches the small set when a value beats its smallest.
-fn top_k(row: &[f32], k: usize, top: &mut Vec<(f32, usize)>) {
-    top.clear();
-    let mut min = (f32::NEG_INFINITY, 0usize);
-    for (i, &l) in row.iter().enumerate() {
-        if top.len() < k {
-            top.push((if l.is_nan() { f32::NEG_INFINITY } else { l }, i));
-            if top.len() == k {
-                min = smallest(top);
-            }
-        } else if l > min.0 {
-            top[min.1] = (l, i);
-            min = smallest(top);
-        }
-    }
-}
-
-/// (value, position in `top`) of the smallest entry.
-fn smallest(top: &[(f32, usize)]) -> (f32, usize) {
-    top.iter().enumerate().fold(
-        (f32::INFINITY, 0),
-        |m, (j, &(l, _))| if l < m.0 { (l, j) } else { m },
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tensor::Tensor;
-    use crate::test_rng::Rng;
-
-    /// `top_k` against a full sort, over odd lengths, ties and NaN.
-    #[test]
-    fn top_k_matches_a_sort() {
-        let mut rng = Rng(9);
-        let mut top = Vec::new();
-        for (n, k) in [(1, 1), (5, 3), (33, 32), (100, 32), (1001, 7), (50, 50)] {
-            let mut row: Vec<f32> = (0..n).map(|_| (rng.f32() * 20.0).round()).collect();
-            if n > 4 {
-                row[3] = f32::NAN;
-            }
-            top_k(&row, k, &mut top);
-            let mut got: Vec<f32> = top
-                .iter()
-                .map(|&(l, i)| {
-                    assert!(row[i] == l || (row[i].is_nan() && l == f32::NEG_INFINITY));
-                    l
-                })
-                .collect();
-            let mut want: Vec<f32> = row
-                .iter()
-                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
-                .collect();
-            want.sort_by(|a, b| b.total_cmp(a));
-            want.truncate(k);
-            got.sort_by(|a, b| b.total_cmp(a));
-            assert_eq!(got, want, "n {n} k {k}");
-            let mut idx: Vec<usize> = top.iter().map(|t| t.1).collect();
-            idx.sort();
-            idx.dedup();
-            assert_eq!(idx.len(), k);
-        }
-    }
-
-    /// The k largest (perturbed) logits of each row become the exact ones; the rest stay.
-    #[test]
-    fn rescore_top_replaces_exactly_the_top_candidates() {
-        let mut rng = Rng(5);
-        let (v, h, n, k) = (50, 24, 3, 4);
-        let w: Vec<f32> = (0..v * h).map(|_| rng.f32()).collect();
-        let b: Vec<f32> = (0..v).map(|_| rng.f32()).collect();
-        let head = Linear {
-            w: Tensor::from_f32(vec![v, h], &w),
-            b: Some(b.clone()),
-            in_dim: h,
-            out_dim: v,
-            name: None,
-            expert: None,
-        };
-        let xs: Vec<f32> = (0..n * h).map(|_| rng.f32()).collect();
-        let exact: Vec<f32> = (0..n * v)
-            .map(|j| {
-                let (t, i) = (j / v, j % v);
-                (0..h).map(|c| w[i * h + c] * xs[t * h + c]).sum::<f32>() + b[i]
-            })
-            .collect();
-        let noisy: Vec<f32> = exact.iter().map(|&e| e + 0.5 * rng.f32()).collect();
-        let mut got = noisy.clone();
-        rescore_top(&head, &xs, &mut got, k);
-        for t in 0..n {
-            let row = &noisy[t * v..(t + 1) * v];
-            let mut order: Vec<usize> = (0..v).collect();
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-            for (rank, &i) in order.iter().enumerate() {
-                let (g, want) = (
-                    got[t * v + i],
-                    if rank < k { exact[t * v + i] } else { row[i] },
-                );
-                assert!(
-                    (g - want).abs() <= 1e-5,
-                    "row {t} logit {i} (rank {rank}): {g} vs {want}"
-                );
-            }
-        }
+        self.lm_head.copy_bytes(self.compute.mode())
     }
 }

@@ -105,6 +105,7 @@ impl Attention {
         &self,
         x: &[f32],
         rows: &[Row],
+        pass: &kernels::Pass,
         caches: &mut [SeqCache],
         layer: usize,
     ) -> Vec<f32> {
@@ -138,7 +139,7 @@ impl Attention {
         }
         let mut ctx = vec![0.0; n * qd];
         // Runs of rows that attend as matrix products (`chunk` is then n): see `gemm_runs`.
-        let gemm_runs = self.gemm_runs(rows, caches, layer);
+        let gemm_runs = self.gemm_runs(rows, pass, caches, layer);
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
         let chunk = match &caches.first().map(|c| &c.layers[layer]) {
@@ -213,15 +214,16 @@ impl Attention {
     fn gemm_runs(
         &self,
         rows: &[Row],
+        pass: &kernels::Pass,
         caches: &[SeqCache],
         layer: usize,
     ) -> Option<Vec<(usize, usize)>> {
         const MIN_ROWS: usize = 16;
-        if self.window.is_some() || kernels::decode_rows() {
+        if self.window.is_some() || pass.rows_alone() {
             return None;
         }
         let runs = sequence_runs(rows, caches, layer)?;
-        (kernels::prompt_rows() || (runs.len() == 1 && rows.len() >= MIN_ROWS)).then_some(runs)
+        (pass.exact_prompt() || (runs.len() == 1 && rows.len() >= MIN_ROWS)).then_some(runs)
     }
 
     /// Attention of `n` consecutive rows from `pos0` of one sequence as two matrix products
@@ -483,10 +485,11 @@ impl Attention {
         &self,
         x: &[f32],
         rows: &[Row],
+        pass: &kernels::Pass,
         caches: &mut [SeqCache],
         layer: usize,
     ) -> Vec<f32> {
-        let ctx = self.context(x, rows, caches, layer);
+        let ctx = self.context(x, rows, pass, caches, layer);
         self.o.forward(&ctx, rows.len())
     }
 }

@@ -1,12 +1,14 @@
 //! Building blocks shared by the model families: linear layers, norms, embeddings, attention,
-//! the gated short convolution, the SwiGLU feed-forward and the mixture of experts.
+//! the gated short convolution, the SwiGLU feed-forward, the mixture of experts and the LM head.
 
 mod attention;
 mod conv;
+mod head;
 mod moe;
 
 pub use attention::{Attention, AttentionSpec};
 pub use conv::ShortConv;
+pub use head::Head;
 pub use moe::{Ffn, Moe};
 
 use crate::error::Result;
@@ -248,12 +250,13 @@ impl Operator {
         &self,
         x: &[f32],
         rows: &[Row],
+        pass: &kernels::Pass,
         caches: &mut [crate::cache::SeqCache],
         layer: usize,
     ) -> Vec<f32> {
         match self {
             Operator::Conv(c) => c.forward(x, rows, caches, layer),
-            Operator::Attention(a) => a.forward(x, rows, caches, layer),
+            Operator::Attention(a) => a.forward(x, rows, pass, caches, layer),
         }
     }
 }
