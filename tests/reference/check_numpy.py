@@ -92,11 +92,35 @@ def short_conv(x, W, pre):
     return lin(C * y, W[pre + "out_proj.weight"], W.get(pre + "out_proj.bias"))
 
 
+def moe(h, W, f, cfg):
+    """LFM2-MoE's sparse block (Hub layout: experts.J.w1/w2/w3): sigmoid scores, top-k of
+    scores + expert_bias, weights = chosen scores / (sum + 1e-6) * routed_scaling_factor."""
+    scores = 1.0 / (1.0 + np.exp(-lin(h, W[f + "gate.weight"])))  # [T, E]
+    k = cfg["num_experts_per_tok"]
+    key = scores + (W[f + "expert_bias"] if cfg.get("use_expert_bias", True) else 0.0)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-key[t], kind="stable")[:k]
+        w = scores[t, chosen]
+        if cfg.get("norm_topk_prob", True):
+            w = w / (w.sum() + 1e-6)
+        w = w * cfg.get("routed_scaling_factor", 1.0)
+        for e, we in sorted(zip(chosen, w)):
+            g = f"{f}experts.{e}."
+            y = lin(silu(lin(h[t], W[g + "w1.weight"])) * lin(h[t], W[g + "w3.weight"]), W[g + "w2.weight"])
+            out[t] += we * y
+    return out
+
+
 def forward(name, W, cfg, meta, ids):
     eps = meta["norm_eps"]
     H, nh, nkv, hd = meta["hidden_size"], meta["n_heads"], meta["n_kv_heads"], meta["head_dim"]
     kinds = meta["layer_kinds"]
     fam = meta["model_type"]
+    moe_layers = set()
+    if fam == "lfm2_moe":
+        fam = "lfm2"
+        moe_layers = set(range(cfg["num_dense_layers"], meta["n_layers"]))
     T = len(ids)
     pos = np.arange(T)
     x = W["model.embed_tokens.weight"][ids]
@@ -137,7 +161,10 @@ def forward(name, W, cfg, meta, ids):
             x = x + o
             h = rms(x, W[p + "ffn_norm.weight"], eps)
             f = p + "feed_forward."
-            m = lin(silu(lin(h, W[f + "w1.weight"])) * lin(h, W[f + "w3.weight"]), W[f + "w2.weight"])
+            if L in moe_layers:
+                m = moe(h, W, f, cfg)
+            else:
+                m = lin(silu(lin(h, W[f + "w1.weight"])) * lin(h, W[f + "w3.weight"]), W[f + "w2.weight"])
             if fam == "lfm3":
                 m = rms(m, W[p + "post_ffn_norm.weight"], eps)
             x = x + m
@@ -216,5 +243,5 @@ def check(name):
 
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or ["lfm2_a", "lfm2_b", "lfm3", "qwen2", "qwen3", "llama"]
+    names = sys.argv[1:] or ["lfm2_a", "lfm2_b", "lfm3", "qwen2", "qwen3", "llama", "lfm2_moe"]
     sys.exit(0 if all([check(n) for n in names]) else 1)
