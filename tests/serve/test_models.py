@@ -14,6 +14,7 @@ from conftest import ROOT, TINY, Server, httpx
 FIX = ROOT / "tests" / "reference" / "fixtures"
 LLAMA = FIX / "llama" / "model-q8_0.gguf"
 QWEN = FIX / "qwen2" / "model-q8_0.gguf"
+MOE = FIX / "lfm2_moe" / "model-q4_0.gguf"
 
 
 def complete(s, model, n=8, **kw):
@@ -81,6 +82,27 @@ def test_two_models_select_load_on_first_use_and_unload_past_max_loaded():
         t = s.post("/tokenize", json={"model": "model-q8_0.gguf", "content": "hi"}).json()["tokens"]
         assert t and s.post("/detokenize", json={"model": "model-q8_0.gguf", "tokens": t}).json()["content"] == "hi"
         assert s.get("/props", params={"model": "model-q8_0.gguf"}).json()["model_alias"] == "model-q8_0.gguf"
+    finally:
+        s.stop()
+
+
+def test_a_mixture_of_experts_model_serves_concurrent_requests_as_each_alone():
+    """LFM2-MoE through the server unchanged: concurrent greedy requests, whose rows share
+    steps (grouped by expert), get the very text each gets alone; /v1/models lists it."""
+    s = Server(MOE, "-np", "4", "-c", "256")
+    try:
+        prompts = ["Hello there", "The quick brown fox", "Rust is a language", "How are you today"]
+
+        def text(p):
+            r = complete(s, None, n=12, prompt=p)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        alone = [text(p) for p in prompts]
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            together = list(ex.map(text, prompts))
+        assert together == alone
+        assert [m["id"] for m in s.get("/v1/models").json()["data"]] == ["model-q4_0.gguf"]
     finally:
         s.stop()
 
