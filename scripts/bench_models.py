@@ -154,12 +154,17 @@ def make_streamed(root: Path, name: str) -> None:
     for src, dst in tokenizer_files(name):
         if src.exists():
             shutil.copy(src, tmp / dst)
-    meta = {"name": name, "params": total, "random_init_std": 0.02, "dtype": "bfloat16",
+    finish(tmp, out, name, total, t0)
+
+
+def finish(tmp: Path, out: Path, name: str, params: int, t0: float) -> None:
+    """Record what the checkpoint is and move it into place (complete or not there at all)."""
+    meta = {"name": name, "params": params, "random_init_std": 0.02, "dtype": "bfloat16",
             "note": "random weights, real shapes; for speed measurements only"}
     (tmp / "bench_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    print(f"[{name}] {total / 1e9:.2f} B params -> {out} ({time.time() - t0:.0f} s)")
+    print(f"[{name}] {params / 1e6:.1f} M params -> {out} ({time.time() - t0:.0f} s)")
 
 
 def tokenizer_files(name: str) -> list[tuple[Path, str]]:
@@ -233,12 +238,7 @@ def make(root: Path, name: str) -> None:
     if name.startswith("Qwen"):
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, indent=2) + "\n")
-    meta = {"name": name, "params": n, "random_init_std": 0.02, "dtype": "bfloat16",
-            "note": "random weights, real shapes; for speed measurements only"}
-    (tmp / "bench_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    print(f"[{name}] {n / 1e6:.1f} M params -> {out} ({time.time() - t0:.0f} s)")
+    finish(tmp, out, name, n, t0)
 
 
 def convert(model_dir: str, outtype: str, outfile: str) -> None:

@@ -406,12 +406,16 @@ def build(name: str):
     torch.manual_seed(0)
     hub = None
     prompt = PROMPT_TEXT
-    if name == "lfm2_a":
-        hub = lfm2_a_hub_config()
+    def from_hub(hub: dict):
+        """The config transformers reads from `hub` written as the fixture's config.json."""
         tmp = FIXTURES / name
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
-        cfg = AutoConfig.from_pretrained(str(tmp))
+        return AutoConfig.from_pretrained(str(tmp))
+
+    if name == "lfm2_a":
+        hub = lfm2_a_hub_config()
+        cfg = from_hub(hub)
         assert isinstance(cfg, Lfm2Config)
         assert cfg.layer_types == ["conv", "conv", "full_attention", "conv", "full_attention"], cfg.layer_types
         assert cfg.intermediate_size == 60
@@ -440,10 +444,7 @@ def build(name: str):
         # Saved in the Hub's layout (per-expert w1/w2/w3, a 4.x-spelled config.json); `fused/`
         # holds the same weights in transformers 5.x's fused layout (gate_up_proj, down_proj).
         hub = lfm2_moe_hub_config()
-        tmp = FIXTURES / name
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
-        cfg = AutoConfig.from_pretrained(str(tmp))
+        cfg = from_hub(hub)
         assert isinstance(cfg, Lfm2MoeConfig)
         assert cfg.rope_parameters["rope_theta"] == 1000000.0, cfg.rope_parameters
         model = Lfm2MoeForCausalLM(cfg)
