@@ -208,6 +208,83 @@ pub enum LayerCache {
     },
 }
 
+/// Where keys of consecutive positions lie in an attention layer's cache: up to two runs of
+/// consecutive rows (a ring wraps at most once), each `(first row, count, offset among the
+/// keys)`; the second's count is 0 when one run holds them all.
+pub type KeySegments = [(usize, usize, usize); 2];
+
+/// An attention layer's keys and values as the layer reads them, whatever the layout.
+pub struct KvView<'a> {
+    pub k: &'a KvRows,
+    pub v: &'a KvRows,
+    /// Rows of a sliding ring (None: one row per position).
+    cap: Option<usize>,
+}
+
+impl KvView<'_> {
+    /// The rows holding positions `first..first + n`.
+    pub fn segments(&self, first: usize, n: usize) -> KeySegments {
+        match self.cap {
+            None => [(first, n, 0), (0, 0, n)],
+            Some(cap) => {
+                let s0 = first % cap;
+                let len = n.min(cap - s0);
+                [(s0, len, 0), (0, n - len, len)]
+            }
+        }
+    }
+
+    /// Whether every position has its own row from 0 on (a full-attention cache).
+    pub fn is_full(&self) -> bool {
+        self.cap.is_none()
+    }
+}
+
+impl LayerCache {
+    /// The keys and values of an attention layer (None for a conv layer).
+    pub fn kv(&self) -> Option<KvView<'_>> {
+        match self {
+            LayerCache::Attention { k, v } => Some(KvView { k, v, cap: None }),
+            LayerCache::SlidingRing { k, v, cap, .. } => Some(KvView {
+                k,
+                v,
+                cap: Some(*cap),
+            }),
+            LayerCache::Conv { .. } => None,
+        }
+    }
+
+    /// Store the key and value of position `pos` (positions arrive in order; a full cache
+    /// longer than `pos` was truncated logically and is cut there). A conv layer has none.
+    pub fn append_kv(&mut self, pos: usize, k: &[f32], v: &[f32]) {
+        match self {
+            LayerCache::Attention { k: kc, v: vc } => {
+                kc.truncate(pos);
+                vc.truncate(pos);
+                kc.set(pos, k);
+                vc.set(pos, v);
+            }
+            LayerCache::SlidingRing {
+                k: kc, v: vc, cap, ..
+            } => {
+                kc.set(pos % *cap, k);
+                vc.set(pos % *cap, v);
+            }
+            LayerCache::Conv { .. } => debug_assert!(false, "keys appended to a conv cache"),
+        }
+    }
+
+    /// How many new positions can be appended before a row that the oldest of them still
+    /// attends to is overwritten (a ring of `cap` rows for a window of `window`: `cap -
+    /// window`); unbounded for a full cache.
+    pub fn appendable(&self) -> usize {
+        match self {
+            LayerCache::SlidingRing { window, cap, .. } => (cap - window).max(1),
+            _ => usize::MAX,
+        }
+    }
+}
+
 /// The cache of one sequence: one entry per layer plus the number of positions it holds.
 #[derive(Clone, Debug)]
 pub struct SeqCache {

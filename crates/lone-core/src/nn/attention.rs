@@ -2,7 +2,7 @@
 //! sliding window, over the per-sequence KV cache.
 
 use super::{Linear, RmsNorm, Row};
-use crate::cache::{LayerCache, SeqCache};
+use crate::cache::{KvView, LayerCache, SeqCache};
 use crate::error::Result;
 use crate::kernels::{self, Rope};
 use crate::loader::Weights;
@@ -142,17 +142,16 @@ impl Attention {
         let gemm_runs = self.gemm_runs(rows, pass, caches, layer);
         // A ring of `cap` rows can take `cap - window` new rows before one still needed by an
         // earlier row of this batch is overwritten: attend in chunks of that size.
-        let chunk = match &caches.first().map(|c| &c.layers[layer]) {
-            Some(LayerCache::SlidingRing { window, cap, .. }) => (cap - window).max(1),
-            _ => n.max(1),
-        };
+        let chunk = caches
+            .first()
+            .map_or(usize::MAX, |c| c.layers[layer].appendable())
+            .min(n.max(1));
         let mut start = 0;
         while start < n {
             let end = (start + chunk).min(n);
             for i in start..end {
                 let r = rows[i];
-                write_kv(
-                    &mut caches[r.seq].layers[layer],
+                caches[r.seq].layers[layer].append_kv(
                     r.pos,
                     &k[i * kvd..(i + 1) * kvd],
                     &v[i * kvd..(i + 1) * kvd],
@@ -239,7 +238,7 @@ impl Attention {
         // contexts fewer rows, so that a chunk's scores stay within ~64 MiB.
         const SCORES_BUDGET: usize = 16 << 20;
         let chunk = (SCORES_BUDGET / (group * (pos0 + n))).clamp(16, 128);
-        let LayerCache::Attention { k: kc, v: vc } = cache else {
+        let Some(KvView { k: kc, v: vc, .. }) = cache.kv().filter(|kv| kv.is_full()) else {
             unreachable!("checked by gemm_runs")
         };
         let scale = 1.0 / (hd as f32).sqrt();
@@ -407,20 +406,11 @@ impl Attention {
         let kvd = self.n_kv_heads * hd;
         let group = self.n_heads / self.n_kv_heads;
         let first = pos + 1 - self.visible(pos) + keys.start;
-        let (kc, vc, cap) = match cache {
-            LayerCache::Attention { k, v } => (k, v, usize::MAX),
-            LayerCache::SlidingRing { k, v, cap, .. } => (k, v, *cap),
-            LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
-        };
+        let kv = cache.kv().expect("an attention layer's cache holds keys");
+        let (kc, vc) = (kv.k, kv.v);
         let nk = keys.len();
-        // Positions first..first+nk as runs of consecutive cache rows: (first row, count,
-        // offset among the keys); a ring wraps at most once.
-        let mut segs = [(first, nk, 0), (0, 0, nk)];
-        if cap != usize::MAX {
-            let s0 = first % cap;
-            let len = nk.min(cap - s0);
-            segs = [(s0, len, 0), (0, nk - len, len)];
-        }
+        // Positions first..first+nk as runs of consecutive cache rows.
+        let segs = kv.segments(first, nk);
         let qg = &q[kvh * group * hd..(kvh + 1) * group * hd];
         let mut scores = vec![0f32; group * nk];
         if segs[1].1 == 0 {
@@ -532,10 +522,7 @@ fn combine_parts(outs: &[f32], stats: &[(f32, f32)], nr: usize, group: usize, ou
 fn sequence_runs(rows: &[Row], caches: &[SeqCache], layer: usize) -> Option<Vec<(usize, usize)>> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for (i, r) in rows.iter().enumerate() {
-        if !matches!(
-            caches.get(r.seq)?.layers.get(layer)?,
-            LayerCache::Attention { .. }
-        ) {
+        if !caches.get(r.seq)?.layers.get(layer)?.kv()?.is_full() {
             return None;
         }
         match runs.last_mut() {
@@ -549,25 +536,6 @@ fn sequence_runs(rows: &[Row], caches: &[SeqCache], layer: usize) -> Option<Vec<
 /// Offset of KV head `kvh` in cache row `row` (rows of `kvd`, heads of `hd`).
 fn first_row(row: usize, kvd: usize, kvh: usize, hd: usize) -> usize {
     row * kvd + kvh * hd
-}
-
-fn write_kv(cache: &mut LayerCache, pos: usize, k: &[f32], v: &[f32]) {
-    match cache {
-        LayerCache::Attention { k: kc, v: vc } => {
-            // Positions arrive in order; a cache longer than `pos` was truncated logically.
-            kc.truncate(pos);
-            vc.truncate(pos);
-            kc.set(pos, k);
-            vc.set(pos, v);
-        }
-        LayerCache::SlidingRing {
-            k: kc, v: vc, cap, ..
-        } => {
-            kc.set(pos % *cap, k);
-            vc.set(pos % *cap, v);
-        }
-        LayerCache::Conv { .. } => unreachable!("attention layer with a conv cache"),
-    }
 }
 
 #[cfg(test)]
