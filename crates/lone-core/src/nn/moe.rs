@@ -153,9 +153,16 @@ impl Moe {
     /// expert order.
     pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
         let scores: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
-        let key = |e: usize| match &self.expert_bias {
-            Some(b) => scores[e] + b[e],
-            None => scores[e],
+        let key = |e: usize| {
+            let k = match &self.expert_bias {
+                Some(b) => scores[e] + b[e],
+                None => scores[e],
+            };
+            if k.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                k
+            }
         };
         // The top n_used keys, highest first; equal keys by lower index (torch.topk's
         // order is unspecified there). NaN never ranks above a number.
@@ -208,5 +215,39 @@ impl Moe {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+
+    fn moe(bias: Option<Vec<f32>>, n_used: usize, norm: bool, scale: f32) -> Moe {
+        Moe {
+            router: Linear::from_tensor(Tensor::from_f32(vec![4, 1], &[0.0; 4])),
+            expert_bias: bias,
+            experts: Vec::new(),
+            n_used,
+            norm_topk_prob: norm,
+            routed_scaling_factor: scale,
+        }
+    }
+
+    /// transformers' routing on hand-made logits: the bias picks (expert 1's high score loses
+    /// to its bias), the unbiased scores weigh, normalised with its `+ 1e-6` and scaled; a NaN
+    /// score is never chosen; the result comes in ascending expert order.
+    #[test]
+    fn routing_is_transformers_rule() {
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let logits = [0.0, 2.0, f32::NAN, 1.0];
+        let m = moe(Some(vec![0.0, -3.0, 0.0, 0.0]), 2, true, 1.7);
+        let got = m.route(&logits);
+        let (s0, s3) = (sig(0.0), sig(1.0));
+        let sum = s0 + s3 + 1e-6;
+        assert_eq!(got, vec![(0, s0 / sum * 1.7), (3, s3 / sum * 1.7)]);
+        // Without the bias expert 1 wins; without normalisation the scores stay as they are.
+        let got = moe(None, 2, false, 1.0).route(&logits);
+        assert_eq!(got, vec![(1, sig(2.0)), (3, s3)]);
     }
 }
