@@ -5,10 +5,13 @@ Run from anywhere:
 
     python tests/reference/generate.py            # regenerate everything
     python tests/reference/generate.py llama qwen3  # only some fixtures
-    python tests/reference/generate.py --gguf-refs-only [name ...]
-        # only (re)compute gguf-<kind>.logits.npy from the existing GGUF files
+    python tests/reference/generate.py --gguf-refs-only [name[:kind,kind] ...]
+        # only (re)compute gguf-<kind>.logits.npy from the existing GGUF files (all kinds,
+        # or the listed ones: llama:iq4_nl,iq4_xs)
     python tests/reference/generate.py --lfm3-gguf
         # only (re)write lfm3's GGUFs from its committed checkpoint, then their references
+    python tests/reference/generate.py --quantize-only llama [IQ4_NL IQ4_XS ...]
+        # only (re)make a fixture's llama-quantize files (QUANTIZED) from its model-f32.gguf
 
 Everything is written under ``tests/reference/fixtures/<name>/`` and is fully
 deterministic (fixed seeds, CPU, eager attention, float32 math).
@@ -63,9 +66,11 @@ Files per fixture (see README.md next to this script):
   lfm3: llama.cpp has no LFM3 architecture, so ``write_lfm3_ggufs`` writes
   them with gguf-py's GGUFWriter in the layout DEVELOPERS.md describes
   ("LFM3 in GGUF"), the converter's tensor-type rules and its tokenizer
-  metadata (asserted equal to the converter's lfm2_b file).  ``llama/model-q4_0.gguf`` and ``llama/model-q4_k.gguf``
-  (Q4_K_M; tensors whose rows are not a multiple of 256 get llama-quantize's
-  fallback types) come from ``llama-quantize`` when the binary exists.
+  metadata (asserted equal to the converter's lfm2_b file).  ``llama/model-q4_0.gguf``,
+  ``llama/model-q4_k.gguf`` (Q4_K_M; tensors whose rows are not a multiple of 256 get
+  llama-quantize's fallback types), ``llama/model-iq4_nl.gguf`` and ``llama/model-iq4_xs.gguf``
+  (IQ4_XS on the 256-wide ffn_down rows, IQ4_NL elsewhere) and ``lfm2_moe/model-q4_0.gguf``
+  come from ``llama-quantize`` when the binary exists (``QUANTIZED``).
 
 * ``gguf-<kind>.logits.npy`` (one per ``model-<kind>.gguf``) f32 [P+24, vocab]:
   the exact reference for that GGUF -- every tensor dequantized to f32 by
@@ -708,27 +713,61 @@ def run_gguf(name: str, meta: dict) -> None:
         p = out / f"model-{t}.gguf"
         meta["gguf"][p.name] = gguf_index(p)
 
-    if name in ("llama", "lfm2_moe"):
-        q = None
-        for cand in (LLAMA_CPP_BIN / "llama-quantize", LLAMA_CPP_BIN.parent / "build" / "bin" / "llama-quantize"):
-            if cand.is_file():
-                q = cand
-                break
-        if q is None:
-            meta["quantize"] = "skipped: llama-quantize binary not found"
-            print(f"[{name}] llama-quantize not found, skipping q4_0/q4_k", file=sys.stderr)
-            return
-        todo = (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf")) if name == "llama" else (
-            ("Q4_0", "model-q4_0.gguf"),)
-        for qt, fname in todo:
-            r = subprocess.run([str(q), str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                meta.setdefault("quantize_errors", {})[fname] = r.stderr[-2000:]
-                print(f"[{name}] llama-quantize {qt} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
-                continue
-            meta["gguf"][fname] = gguf_index(out / fname)
-            meta["gguf"][fname]["llama_quantize_type"] = qt
+    if name in QUANTIZED:
+        quantize_ggufs(name, meta, QUANTIZED[name])
+
+
+# llama-quantize's files per fixture: (llama-quantize type, file name). IQ4_NL/IQ4_XS: the
+# i-quants lone reads; IQ4_XS's 256-element blocks fit only llama's ffn_down rows (FFN 256),
+# the 64-wide rows fall back to IQ4_NL (llama-quantize's fallback), so that file holds both.
+QUANTIZED = {
+    "llama": (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf"),
+              ("IQ4_NL", "model-iq4_nl.gguf"), ("IQ4_XS", "model-iq4_xs.gguf")),
+    "lfm2_moe": (("Q4_0", "model-q4_0.gguf"),),
+}
+
+
+def quantize_ggufs(name: str, meta: dict, todo) -> None:
+    """``llama-quantize`` each of ``todo`` from the fixture's model-f32.gguf, recording the
+    files' tensor types in ``meta["gguf"]``."""
+    out = FIXTURES / name
+    q = None
+    for cand in (LLAMA_CPP_BIN / "llama-quantize", LLAMA_CPP_BIN.parent / "build" / "bin" / "llama-quantize"):
+        if cand.is_file():
+            q = cand
+            break
+    if q is None:
+        meta["quantize"] = "skipped: llama-quantize binary not found"
+        print(f"[{name}] llama-quantize not found, skipping {', '.join(t for t, _ in todo)}", file=sys.stderr)
+        return
+    for qt, fname in todo:
+        r = subprocess.run([str(q), str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            meta.setdefault("quantize_errors", {})[fname] = r.stderr[-2000:]
+            print(f"[{name}] llama-quantize {qt} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+            continue
+        meta["gguf"][fname] = gguf_index(out / fname)
+        meta["gguf"][fname]["llama_quantize_type"] = qt
+        iq = iq_dequant_digests(out / fname)
+        if iq:
+            meta["gguf"][fname]["iq_dequant_sha256"] = iq
+
+
+def iq_dequant_digests(path: Path) -> dict:
+    """SHA-256 of gguf-py's dequantization (f32, little endian, row-major) of every i-quant
+    tensor of a GGUF: lone's dequantization of each must hash the same (bit for bit)."""
+    import hashlib
+
+    import numpy as np
+
+    gguf = _import_gguf()
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type.name.startswith("IQ"):
+            deq = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype="<f4")
+            out[t.name] = hashlib.sha256(np.ascontiguousarray(deq).tobytes()).hexdigest()
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -779,7 +818,7 @@ def gguf_hf_name(family: str, gname: str) -> str:
     return f"model.layers.{bid}.{table[base]}.{suffix}"
 
 
-def gguf_refs(name: str) -> None:
+def gguf_refs(name: str, kinds: list[str] | None = None) -> None:
     """For every ``model-<kind>.gguf`` of a fixture: dequantize all its tensors to f32 (gguf-py,
     the same values ggml's dequantize gives), load them into the f32 transformers model under
     their HF names (undoing llama's Q/K row permutation), and save one full-sequence forward over
@@ -798,6 +837,8 @@ def gguf_refs(name: str) -> None:
         assert base.lm_head.weight is base.model.embed_tokens.weight
     for path in sorted(out.glob("model-*.gguf")):
         kind = path.stem.removeprefix("model-")
+        if kinds and kind not in kinds:
+            continue
         model = copy.deepcopy(base)
         if family == "lfm2_moe":
             # llama.cpp's converter writes no routed scaling factor (lfm2moe.expert_weights_scale,
@@ -1051,9 +1092,22 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     torch.use_deterministic_algorithms(True)
     if len(argv) >= 1 and argv[0] == "--gguf-refs-only":
-        for name in argv[1:] or GGUF_FIXTURES + OWN_GGUF_FIXTURES:
+        for arg in argv[1:] or GGUF_FIXTURES + OWN_GGUF_FIXTURES:
+            # NAME or NAME:KIND,KIND (only those model-KIND.gguf files)
+            name, _, kinds = arg.partition(":")
             print(f"== {name}", flush=True)
-            gguf_refs(name)
+            gguf_refs(name, kinds.split(",") if kinds else None)
+        return
+    if len(argv) >= 2 and argv[0] == "--quantize-only":
+        # Only (re)make llama-quantize's files of one fixture from its model-f32.gguf, the
+        # named types (llama-quantize type names; default all of QUANTIZED[name]), and record
+        # them in meta.json. Their references: --gguf-refs-only NAME.
+        name, types = argv[1], argv[2:]
+        todo = [(t, f) for t, f in QUANTIZED[name] if not types or t in types]
+        meta_path = FIXTURES / name / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        quantize_ggufs(name, meta, todo)
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         return
     if len(argv) >= 1 and argv[0] == "--lfm3-gguf":
         # (Re)write the LFM3 GGUFs from the committed checkpoint, then their references.

@@ -20,6 +20,7 @@ fn fixtures() -> Vec<PathBuf> {
         "lfm2_a/model-q8_0.gguf",
         "lfm3/model-f16.gguf",
         "llama/model-q4_0.gguf",
+        "llama/model-iq4_xs.gguf",
         "qwen3/model-q8_0.gguf",
         "lfm2_moe/model-q4_0.gguf",
     ]

@@ -262,8 +262,10 @@ macro_rules! family {
 
 // GGUF sanity bounds: max |Δlogit| vs the f32 reference (logits of magnitude ~3.5), i.e. what
 // the format's rounding does, measured by generate.py: f16 (2^-11 relative) <= 0.011, bf16
-// (2^-8) <= 0.11, Q8_0 <= 0.3, Q4_0 1.44, Q4_K_M 0.66. The exact check is always 1e-4.
-family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4, q4_0 = 2.0, q4_k = 1.0]);
+// (2^-8) <= 0.11, Q8_0 <= 0.3, Q4_0 1.44, Q4_K_M 0.66, IQ4_NL 1.14, IQ4_XS 1.21. The exact
+// check is always 1e-4.
+family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4, q4_0 = 2.0, q4_k = 1.0,
+    iq4_nl = 1.6, iq4_xs = 1.6]);
 family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);

@@ -99,6 +99,16 @@ fn fixtures_cover_every_format() {
     for dtype in DType::ALL {
         let n = cases.iter().filter(|c| c.dtype == dtype).count();
         assert!(n >= 2, "{dtype}: {n} fixture cases");
+        if !dtype.has_quantizer() {
+            // Read-only formats (the i-quants): dequantization cases, and writing is refused.
+            let case = cases.iter().find(|c| c.dtype == dtype).unwrap();
+            let mut out = vec![0u8; case.row_bytes()];
+            assert_eq!(
+                quant::quantize_row(dtype, &vec![0.5; case.n], &mut out),
+                Err(QuantError::NoQuantizer { dtype })
+            );
+            continue;
+        }
         assert!(
             cases.iter().any(|c| c.dtype == dtype && c.quantize),
             "{dtype}: no quantization fixture"
@@ -269,4 +279,50 @@ fn length_errors_are_reported_not_panicked() {
         .unwrap_err()
         .into();
     assert!(e.to_string().contains("Q4_K"), "{e}");
+}
+
+/// Every i-quant tensor llama-quantize wrote into the llama fixture's IQ4 GGUFs, read and
+/// dequantized by lone, is bit for bit gguf-py's dequantization of it: the SHA-256 of the f32
+/// values (little endian, row-major) that `tests/reference/generate.py` recorded in meta.json
+/// (`iq_dequant_sha256`), for each tensor of the file whose type is an i-quant.
+#[test]
+fn iq4_files_dequantize_as_gguf_py_does() {
+    use lone_core::loader::gguf::GgufFile;
+    use sha2::{Digest, Sha256};
+
+    let dir = fixture_dir().join("../fixtures/llama");
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for file in ["model-iq4_nl.gguf", "model-iq4_xs.gguf"] {
+        let want = meta["gguf"][file]["iq_dequant_sha256"].as_object().unwrap();
+        let types = meta["gguf"][file]["tensors"].as_object().unwrap();
+        let g = GgufFile::open(dir.join(file)).unwrap();
+        let iq: Vec<_> = g
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.dtype, DType::IQ4NL | DType::IQ4XS))
+            .collect();
+        assert_eq!(iq.len(), want.len(), "{file}: i-quant tensors");
+        for info in iq {
+            // gguf-py's name of the tensor's type.
+            assert_eq!(
+                types[&info.name]["type"],
+                info.dtype.name(),
+                "{file} {}",
+                info.name
+            );
+            let t = g.tensor(&info.name).unwrap();
+            let digest = Sha256::digest(
+                t.to_f32_vec()
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(want[&info.name], hex, "{file} {}", info.name);
+            seen.insert(info.dtype);
+        }
+    }
+    assert_eq!(seen.len(), 2, "both formats: {seen:?}");
 }

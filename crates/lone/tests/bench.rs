@@ -190,6 +190,16 @@ fn pp_tg_json_lines() {
     ])[1];
     assert_eq!(v["quant"], "Q4_0");
     assert_eq!(v["test"], "tg2");
+    // llama.cpp's file types 25 and 30 (`general.file_type`): the i-quants.
+    for (file, quant) in [
+        ("llama/model-iq4_nl.gguf", "IQ4_NL"),
+        ("llama/model-iq4_xs.gguf", "IQ4_XS"),
+    ] {
+        let m = fixture(file);
+        let v = &bench_lines(&["-m", m.to_str().unwrap(), "-p", "4", "-n", "2", "-r", "1"]);
+        assert!(v.iter().all(|v| v["quant"] == quant), "{v:?}");
+        assert!(v.iter().any(|v| v["test"] == "tg2"), "{v:?}");
+    }
 }
 
 #[test]

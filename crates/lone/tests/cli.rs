@@ -776,6 +776,32 @@ fn inspect_describes_the_files() {
         out.status.success() && text.contains("Q8_0") && text.contains("tensors ("),
         "{text}"
     );
+    // llama-quantize's IQ4 files: the file type (llama.cpp's `general.file_type` 25, 30) and
+    // each tensor's type as gguf-py names it (meta.json, written by generate.py).
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("llama").join("meta.json")).unwrap())
+            .unwrap();
+    for (file, quant) in [
+        ("model-iq4_nl.gguf", "IQ4_NL"),
+        ("model-iq4_xs.gguf", "IQ4_XS"),
+    ] {
+        let gguf = fixture("llama").join(file);
+        let g = lone_json(&["inspect", "--json", gguf.to_str().unwrap()]);
+        let want = &meta["gguf"][file];
+        assert_eq!(
+            want["kv"]["general.file_type"],
+            if quant == "IQ4_NL" { 25 } else { 30 }
+        );
+        assert_eq!(g["quant"], quant, "{file}");
+        let want = want["tensors"].as_object().unwrap();
+        let rows = g["tensors"].as_array().unwrap();
+        assert_eq!(rows.len(), want.len(), "{file}");
+        for row in rows {
+            let name = row["name"].as_str().unwrap();
+            assert_eq!(row["type"], want[name]["type"], "{file} {name}");
+        }
+        assert!(rows.iter().any(|r| r["type"] == quant), "{file}");
+    }
     let junk = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(junk.path(), b"GGUF\x03\x00\x00\x00garbage").unwrap();
     expect_error(

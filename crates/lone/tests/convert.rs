@@ -547,6 +547,11 @@ fn bad_inputs_fail_with_a_message() {
     let fam = fixture("llama");
     let f = fam.to_str().unwrap();
     assert!(run(&[f, "-o", outs, "-t", "Q9_9"]).contains("unknown type"));
+    // The i-quants are read, not written.
+    for t in ["IQ4_XS", "iq4_nl", "IQ2_XXS"] {
+        let e = run(&[f, "-o", outs, "-t", t]);
+        assert!(e.contains(&format!("lone does not write {t}")), "{e}");
+    }
     assert!(run(&["/nonexistent/dir", "-o", outs]).contains("no such file"));
     // The fixture tokenizer is not in llama.cpp's pre-tokenizer table: say so and name the
     // flag.

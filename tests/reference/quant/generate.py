@@ -8,6 +8,9 @@ The expected values come from outside lone's Rust code:
 * Q8_1 and Q8_K are not in gguf-py (they are ggml's activation formats); this script has its
   own numpy ports of ggml's `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref` and of the
   obvious dequantization `q * d`.
+* IQ4_NL and IQ4_XS (which lone reads but does not write) have dequantization cases only:
+  random blocks with a finite f16 `d`, and the first rows of a tensor llama-quantize wrote
+  into tests/reference/fixtures/llama/model-iq4_{nl,xs}.gguf.
 * gguf-py cannot quantize the K-quants: their dequantization cases are random bytes with
   the f16 scale fields replaced by finite values (every other bit pattern is a valid block),
   and their quantization cases (`*_quant_*.bin`) are ggml's own `quantize_row_*_ref`,
@@ -68,6 +71,8 @@ FORMATS = {
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
     "Q8_K": (15, 256, 292),
+    "IQ4_NL": (20, 32, 18),
+    "IQ4_XS": (23, 256, 136),
 }
 
 GGUF_PY_QUANTIZE = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
@@ -149,6 +154,19 @@ def dequantize_q8_k(raw: np.ndarray) -> np.ndarray:
     return (d * q).reshape(-1)
 
 
+# The i-quants (read-only formats in lone): dequantization cases only, from random blocks
+# with a finite f16 `d` (every other bit pattern is a valid block) and from the blocks
+# llama-quantize wrote into the llama fixture's GGUFs. Their own random generator, so the
+# cases above do not change when these do.
+IQ_SCALE_FIELDS = {"IQ4_NL": [0], "IQ4_XS": [0]}
+FIXTURES = OUT.parent / "fixtures"
+# (type, file, tensor, rows): the first rows of a tensor of that type in that file.
+IQ_FILE_CASES = [
+    ("IQ4_NL", "llama/model-iq4_nl.gguf", "blk.0.attn_q.weight", 5),
+    ("IQ4_XS", "llama/model-iq4_xs.gguf", "blk.1.ffn_down.weight", 5),
+]
+
+
 # ------------------------------------------------------------------ data
 
 
@@ -181,7 +199,7 @@ def activation_like(rng: np.random.Generator, rows: int, n: int, block: int) -> 
 def random_kquant_blocks(rng: np.random.Generator, name: str, nblocks: int) -> np.ndarray:
     _, _, bb = FORMATS[name]
     raw = rng.integers(0, 256, size=(nblocks, bb), dtype=np.uint8)
-    for off in K_SCALE_FIELDS[name]:
+    for off in {**K_SCALE_FIELDS, **IQ_SCALE_FIELDS}[name]:
         v = (rng.uniform(1e-4, 2e-2, nblocks) * rng.choice([-1, 1], nblocks)).astype(np.float16)
         raw[:, off : off + 2] = v.view(np.uint8).reshape(nblocks, 2)
     return raw.reshape(-1)
@@ -240,7 +258,7 @@ def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
         raw = src.reshape(-1).view(np.uint8)
         case["source"] = "f32 bytes"
         case["quantize"] = True
-    elif name in K_SCALE_FIELDS:
+    elif name in K_SCALE_FIELDS or name in IQ_SCALE_FIELDS:
         src = None
         raw = random_kquant_blocks(rng, name, rows * n // bs)
         case["source"] = "random blocks, finite f16 scales; dequantized by gguf-py"
@@ -260,6 +278,21 @@ def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
     assert raw.size == rows * n // bs * bb, (name, raw.size)
     case["file"] = f"{name.lower()}_{rows}x{n}.bin"
     return finish_case(rng, case, src, raw)
+
+
+def make_file_case(rng: np.random.Generator, name: str, file: str, tensor: str,
+                   rows: int) -> dict:
+    """The first `rows` rows of a tensor llama-quantize wrote (read with gguf-py)."""
+    from gguf import GGUFReader
+
+    t = next(t for t in GGUFReader(str(FIXTURES / file)).tensors if t.name == tensor)
+    assert t.tensor_type.name == name, (file, tensor, t.tensor_type.name)
+    n = int(t.shape[0])
+    raw = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8)[:rows]).reshape(-1)
+    case = {"type": name, "rows": rows, "n": n,
+            "source": f"{file} {tensor} (llama-quantize), first {rows} rows; dequantized by gguf-py",
+            "quantize": False, "file": f"{name.lower()}_file_{rows}x{n}.bin"}
+    return finish_case(rng, case, None, raw)
 
 
 # ------------------------------------------------------------------ optional ggml C check
@@ -414,6 +447,8 @@ def main() -> None:
     rng = np.random.default_rng(0x10E)
     cases = []
     for name, (_, bs, _) in FORMATS.items():
+        if name in IQ_SCALE_FIELDS:
+            continue
         if bs == 1:
             shapes = [(3, 97), (5, 64)]
         elif bs == 32:
@@ -434,6 +469,12 @@ def main() -> None:
         for name in WEIGHTED:
             for rows, n in [(5, 512), (3, 1024)]:
                 cases.append(make_weighted_case(wrng, c, name, rows, n))
+    irng = np.random.default_rng(0x111)
+    for name in IQ_SCALE_FIELDS:
+        bs = FORMATS[name][1]
+        cases.append(make_case(irng, name, 3, 3 * bs))
+    for name, file, tensor, rows in IQ_FILE_CASES:
+        cases.append(make_file_case(irng, name, file, tensor, rows))
 
     for old in OUT.glob("*.bin"):
         old.unlink()

@@ -5,7 +5,7 @@ use crate::quant::{dequantize_row, quantize_row};
 
 use crate::test_rng::Rng;
 
-const FORMATS: [DType; 13] = [
+const FORMATS: [DType; 15] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -19,6 +19,8 @@ const FORMATS: [DType; 13] = [
     DType::Q4K,
     DType::Q5K,
     DType::Q6K,
+    DType::IQ4NL,
+    DType::IQ4XS,
 ];
 
 /// Random blocks with finite, moderate scales (the quant bytes stay random).
@@ -49,6 +51,7 @@ fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8>
                 b[2..4].copy_from_slice(&half(v / 2.0));
             }
             DType::Q6K => b[208..210].copy_from_slice(&half(v)),
+            DType::IQ4NL | DType::IQ4XS => b[0..2].copy_from_slice(&half(v)),
             _ => unreachable!(),
         }
     }
@@ -160,7 +163,8 @@ fn eight_bit_products_do_not_saturate() {
                 wb.iter_mut().for_each(|b| *b = fill);
                 for (blk, orig) in wb.chunks_mut(bb).zip(scales.chunks(bb)) {
                     let keep = match dtype {
-                        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => 0..2,
+                        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4NL => 0..2,
+                        DType::IQ4XS => 0..8,
                         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => 0..4,
                         DType::Q2K => 80..84,
                         DType::Q3K => 108..110,

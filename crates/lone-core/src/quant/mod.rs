@@ -16,6 +16,7 @@
 //! rounding of the accumulation (see its documentation).
 
 mod float;
+mod iquants;
 mod kquantize;
 mod kquants;
 mod legacy;
@@ -50,6 +51,9 @@ pub enum QuantError {
         expected: usize,
         got: usize,
     },
+    /// lone reads the format but cannot write it (the i-quants).
+    #[error("{dtype}: lone reads this format but cannot quantize into it")]
+    NoQuantizer { dtype: DType },
 }
 
 impl From<QuantError> for crate::Error {
@@ -86,9 +90,10 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 /// Quantize `src.len()` f32 values into `dst` (exactly `row_bytes(dtype, src.len())` bytes),
 /// byte-exact with ggml's `quantize_row_*_ref`.
 ///
-/// Every format: F32, F16, BF16 (round to nearest even, like ggml's converters), Q4_0, Q4_1,
-/// Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, and Q2_K..Q6_K (ggml's reference quantizers without an
-/// importance matrix).
+/// Every format lone writes ([`DType::has_quantizer`]): F32, F16, BF16 (round to nearest
+/// even, like ggml's converters), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, and Q2_K..Q6_K
+/// (ggml's reference quantizers without an importance matrix). IQ4_NL and IQ4_XS are
+/// [`QuantError::NoQuantizer`].
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     reference::quantize_row(dtype, src, dst)
 }

@@ -6,7 +6,7 @@
 //!   products in f32 (element order), and adds the block sums to an f32 total (block order).
 //!   Plain float formats are summed the same way in groups of 32 elements. No allocation.
 
-use super::{float, kquantize, kquants, legacy, QuantError};
+use super::{float, iquants, kquantize, kquants, legacy, QuantError};
 use crate::tensor::DType;
 
 /// Checks that `n` elements are whole blocks stored in exactly `bytes` bytes.
@@ -120,6 +120,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         DType::Q5K => deq_blocks(src, dst, kquants::dequant_q5_k),
         DType::Q6K => deq_blocks(src, dst, kquants::dequant_q6_k),
         DType::Q8K => deq_blocks(src, dst, kquants::dequant_q8_k),
+        DType::IQ4NL => deq_blocks(src, dst, iquants::dequant_iq4_nl),
+        DType::IQ4XS => deq_blocks(src, dst, iquants::dequant_iq4_xs),
     }
     Ok(())
 }
@@ -144,6 +146,8 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
         DType::Q5K => dot_blocks(w, x, kquants::dequant_q5_k),
         DType::Q6K => dot_blocks(w, x, kquants::dequant_q6_k),
         DType::Q8K => dot_blocks(w, x, kquants::dequant_q8_k),
+        DType::IQ4NL => dot_blocks(w, x, iquants::dequant_iq4_nl),
+        DType::IQ4XS => dot_blocks(w, x, iquants::dequant_iq4_xs),
     })
 }
 
@@ -151,6 +155,7 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     check_row(dtype, src.len(), dst.len())?;
     match dtype {
+        DType::IQ4NL | DType::IQ4XS => return Err(QuantError::NoQuantizer { dtype }),
         DType::F32 => quant_blocks(src, dst, |x: &[f32; 1], b: &mut [u8; 4]| {
             *b = x[0].to_le_bytes()
         }),
@@ -225,7 +230,12 @@ mod tests {
         for dtype in DType::ALL {
             assert_eq!(dequantize_row(dtype, &[], &mut []), Ok(()));
             assert_eq!(dot_row(dtype, &[], &[]), Ok(0.0));
-            assert_eq!(quantize_row(dtype, &[], &mut []), Ok(()));
+            let want = if dtype.has_quantizer() {
+                Ok(())
+            } else {
+                Err(QuantError::NoQuantizer { dtype })
+            };
+            assert_eq!(quantize_row(dtype, &[], &mut []), want);
         }
     }
 
@@ -293,14 +303,23 @@ mod tests {
             dequantize_row(dtype, &w, &mut y).unwrap();
             let _ = dot_row(dtype, &w, &x).unwrap();
             let mut q = vec![0u8; w.len()];
-            quantize_row(dtype, &x, &mut q).unwrap();
-            // All f32::MAX: the f16 scales overflow to inf.
             let big = vec![f32::MAX; n];
-            quantize_row(dtype, &big, &mut q).unwrap();
-            // The importance-weighted quantizers too, with garbage importances.
             let qw: Vec<f32> = (0..n)
                 .map(|i| if i % 5 == 0 { f32::NAN } else { rng.f32() })
                 .collect();
+            if !dtype.has_quantizer() {
+                let no = Err(QuantError::NoQuantizer { dtype });
+                assert_eq!(quantize_row(dtype, &x, &mut q), no);
+                assert_eq!(
+                    crate::quant::quantize_row_weighted(dtype, &x, &qw, &mut q),
+                    no
+                );
+                continue;
+            }
+            quantize_row(dtype, &x, &mut q).unwrap();
+            // All f32::MAX: the f16 scales overflow to inf.
+            quantize_row(dtype, &big, &mut q).unwrap();
+            // The importance-weighted quantizers too, with garbage importances.
             crate::quant::quantize_row_weighted(dtype, &x, &qw, &mut q).unwrap();
             crate::quant::quantize_row_weighted(dtype, &big, &qw, &mut q).unwrap();
         }
@@ -334,6 +353,7 @@ mod tests {
                 }
                 DType::Q6K => b[208..210].copy_from_slice(&half(v)),
                 DType::Q8K => b[0..4].copy_from_slice(&v.to_le_bytes()),
+                DType::IQ4NL | DType::IQ4XS => b[0..2].copy_from_slice(&half(v)),
             }
         }
     }
@@ -345,7 +365,10 @@ mod tests {
         let mut rng = Rng(12345);
         // The K formats are checked byte for byte against ggml instead (tests/quant_formats.rs).
         let k = [DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K];
-        for dtype in DType::ALL.into_iter().filter(|d| !k.contains(d)) {
+        for dtype in DType::ALL
+            .into_iter()
+            .filter(|d| !k.contains(d) && d.has_quantizer())
+        {
             let bs = dtype.block_size();
             for blocks in [1usize, 3, 5] {
                 let n = blocks * bs.max(32);

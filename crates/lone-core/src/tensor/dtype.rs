@@ -21,10 +21,16 @@ pub enum DType {
     Q5K,
     Q6K,
     Q8K,
+    /// IQ4_NL: 32 elements in 18 bytes, f16 `d` then 16 bytes of 4-bit indices into the
+    /// non-linear table `kvalues_iq4nl` (element j: low nibble of byte j, j+16: high nibble).
+    IQ4NL,
+    /// IQ4_XS: 256 elements in 136 bytes, f16 `d`, u16 `scales_h`, 4 bytes `scales_l` (eight
+    /// 6-bit sub-block scales) and 128 bytes of 4-bit indices, 16 per sub-block of 32.
+    IQ4XS,
 }
 
 impl DType {
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 17] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -40,14 +46,28 @@ impl DType {
         DType::Q5K,
         DType::Q6K,
         DType::Q8K,
+        DType::IQ4NL,
+        DType::IQ4XS,
     ];
 
     /// Elements per block (1 for plain float formats).
     pub fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
-            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::Q8K => 256,
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q8_1
+            | DType::IQ4NL => 32,
+            DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+            | DType::Q8K
+            | DType::IQ4XS => 256,
         }
     }
 
@@ -68,11 +88,19 @@ impl DType {
             DType::Q5K => 176,
             DType::Q6K => 210,
             DType::Q8K => 292,
+            DType::IQ4NL => 18,
+            DType::IQ4XS => 136,
         }
     }
 
     pub fn is_quantized(self) -> bool {
         self.block_size() > 1
+    }
+
+    /// Whether lone can write the format (`quant::quantize_row`): every format but the
+    /// i-quants (IQ4_NL, IQ4_XS), which it reads only.
+    pub fn has_quantizer(self) -> bool {
+        !matches!(self, DType::IQ4NL | DType::IQ4XS)
     }
 
     /// Bytes needed for `n` elements, or None if `n` is not a whole number of blocks.
@@ -100,6 +128,8 @@ impl DType {
             DType::Q5K => 13,
             DType::Q6K => 14,
             DType::Q8K => 15,
+            DType::IQ4NL => 20,
+            DType::IQ4XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -125,6 +155,8 @@ impl DType {
             DType::Q5K => "Q5_K",
             DType::Q6K => "Q6_K",
             DType::Q8K => "Q8_K",
+            DType::IQ4NL => "IQ4_NL",
+            DType::IQ4XS => "IQ4_XS",
         }
     }
 }
@@ -144,10 +176,8 @@ pub fn ggml_type_name(t: u32) -> String {
             17 => "IQ2_XS".into(),
             18 => "IQ3_XXS".into(),
             19 => "IQ1_S".into(),
-            20 => "IQ4_NL".into(),
             21 => "IQ3_S".into(),
             22 => "IQ2_S".into(),
-            23 => "IQ4_XS".into(),
             24 => "I8".into(),
             25 => "I16".into(),
             26 => "I32".into(),

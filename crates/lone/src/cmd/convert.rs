@@ -101,8 +101,19 @@ impl SplitArgs {
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
-    FileType::parse(s)
-        .ok_or_else(|| format!("unknown type {s:?}; use one of {}", FileType::names()))
+    FileType::parse(s).ok_or_else(|| {
+        if s.to_ascii_uppercase().starts_with("IQ") {
+            // llama.cpp's i-quant types (IQ4_NL, IQ4_XS, ...): lone reads IQ4_NL and IQ4_XS
+            // but has no quantizer for any of them.
+            format!(
+                "lone does not write {s}: it reads IQ4_NL and IQ4_XS files but has no i-quant \
+                 quantizer (use llama-quantize); use one of {}",
+                FileType::names()
+            )
+        } else {
+            format!("unknown type {s:?}; use one of {}", FileType::names())
+        }
+    })
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {

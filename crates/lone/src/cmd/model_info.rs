@@ -129,6 +129,8 @@ pub fn ftype_name(t: u64) -> Option<&'static str> {
         16 => "Q5_K_S",
         17 => "Q5_K_M",
         18 => "Q6_K",
+        25 => "IQ4_NL",
+        30 => "IQ4_XS",
         32 => "BF16",
         _ => return None,
     })
