@@ -379,6 +379,13 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
+    // The i-quants: exact kernels only for now (no 8-bit ones: every mode takes them exactly).
+    weight_format!(IQ4NL, None, exact: exact_iq4_nl, deq: Some(both!(deq_iq4_nl, DeqFn)),
+        fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)), fast: None,
+        arm: iq4_nl),
+    weight_format!(IQ4XS, None, exact: exact_iq4_xs, deq: Some(both!(deq_iq4_xs, DeqFn)),
+        fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)), fast: None,
+        arm: iq4_xs),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].

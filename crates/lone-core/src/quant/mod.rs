@@ -25,6 +25,8 @@ mod weighted;
 
 /// The per-block reference dequantizers and scale unpacking, for the SIMD kernels to inline.
 pub(crate) mod reference_blocks {
+    /// The i-quants' levels, which the SIMD kernels look their indices up in.
+    pub(crate) use super::iquants::KVALUES_IQ4NL;
     /// The aarch64 8-bit K-quant kernels read the packed scales with it.
     #[cfg(target_arch = "aarch64")]
     pub(crate) use super::kquants::scale_min_k4;

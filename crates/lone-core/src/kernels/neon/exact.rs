@@ -108,6 +108,26 @@ impl LegacyW for WQ8_0 {
     }
 }
 
+/// IQ4_NL: 4-bit indices into the 16 signed levels `kvalues_iq4nl`, scaled by `d`.
+pub(in crate::kernels) struct WIQ4NL;
+
+/// The levels of the 32 elements whose index pairs are the 16 bytes at `p` (elements 0..16:
+/// the low nibbles, 16..32: the high ones), one table lookup (`tbl`) each.
+#[inline(always)]
+unsafe fn iq4_levels(p: *const u8) -> [int8x16_t; 2] {
+    let kv = vld1q_s8(crate::quant::reference_blocks::KVALUES_IQ4NL.as_ptr());
+    nibbles(p).map(|v| vqtbl1q_s8(kv, v))
+}
+
+impl LegacyW for WIQ4NL {
+    const BB: usize = 18;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn codes(b: *const u8) -> [int8x16_t; 2] {
+        iq4_levels(b.add(2))
+    }
+}
+
 /// 16 signed bytes as four f32 vectors (exact).
 #[inline(always)]
 pub(in crate::kernels) unsafe fn widen(q: int8x16_t) -> [float32x4_t; 4] {
@@ -351,6 +371,31 @@ impl KExact for KQ6 {
                 // ggml: d * sc * q, evaluated left to right.
                 dl[g] = d * f32::from(*b.add(192 + g) as i8);
             }
+        }
+    }
+}
+
+/// IQ4_XS: sub-block `ib` of 32 (groups `2·ib`, `2·ib + 1`) takes the levels of bytes
+/// `8 + 16·ib..` and the scale `d·(ls − 32)`, `ls` 6 bits: nibble `ib % 2` of
+/// `scales_l[ib / 2]`, bits `2·ib..` of `scales_h` above it.
+pub(in crate::kernels) struct KIQ4XS;
+
+impl KExact for KIQ4XS {
+    const BB: usize = 136;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn decode(b: *const u8, q: &mut [int8x16_t; 16], dl: &mut [f32; 16], _: &mut [f32; 16]) {
+        let d = f16_at(b);
+        let h = u16::from_le_bytes([*b.add(2), *b.add(3)]);
+        for ib in 0..8 {
+            let lo = (*b.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f;
+            let hi = ((h >> (2 * ib)) & 3) as u8;
+            let s = d * (i32::from(lo | (hi << 4)) - 32) as f32;
+            let [l, u] = iq4_levels(b.add(8 + 16 * ib));
+            q[2 * ib] = l;
+            q[2 * ib + 1] = u;
+            dl[2 * ib] = s;
+            dl[2 * ib + 1] = s;
         }
     }
 }

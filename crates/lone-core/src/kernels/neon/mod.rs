@@ -191,6 +191,8 @@ pub(in crate::kernels) mod ex {
     entry!(q4_k, k_exact::<KQ4>);
     entry!(q5_k, k_exact::<KQ5>);
     entry!(q6_k, k_exact::<KQ6>);
+    entry!(iq4_nl, legacy_exact::<WIQ4NL>);
+    entry!(iq4_xs, k_exact::<KIQ4XS>);
 }
 
 /// The row dequantizers of the f32 GEMM (both levels).
@@ -215,6 +217,8 @@ pub(in crate::kernels) mod deq {
     deq!(q4_k, deq_k::<KQ4>);
     deq!(q5_k, deq_k::<KQ5>);
     deq!(q6_k, deq_k::<KQ6>);
+    deq!(iq4_nl, deq_legacy::<WIQ4NL>);
+    deq!(iq4_xs, deq_k::<KIQ4XS>);
 }
 
 /// The 8-bit kernels of the NEON level (`smull`), every format with an 8-bit activation

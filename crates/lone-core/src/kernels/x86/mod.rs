@@ -50,6 +50,7 @@ mod exact;
 mod factored;
 mod float;
 mod int8dot;
+mod iquant;
 mod kquant;
 mod quant8;
 mod simd;
@@ -60,6 +61,7 @@ pub(super) use exact::*;
 pub(super) use factored::*;
 pub(super) use float::*;
 pub(super) use int8dot::*;
+pub(super) use iquant::*;
 pub(super) use kquant::*;
 pub(super) use quant8::*;
 pub(super) use simd::*;
@@ -104,7 +106,7 @@ macro_rules! deq_entry {
 
 macro_rules! level {
     ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr,
-     $gr:literal, $deqleg:ident) => {
+     $gr:literal, $deqleg:ident, $iq4xs:expr, $deqiq4xs:expr) => {
         pub(crate) mod $m {
             use super::*;
             mix_entry!(mix, MixFloat<$V, WF32>, $features);
@@ -156,6 +158,8 @@ macro_rules! level {
                 k,
                 rb::dequant_q6_k
             ));
+            deq_entry!(deq_iq4_nl, $features, $deqleg::<WIQ4NL>);
+            deq_entry!(deq_iq4_xs, $features, $deqiq4xs);
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
@@ -175,6 +179,8 @@ macro_rules! level {
             entry!(exact_q4_k, $features, $q4k);
             entry!(exact_q5_k, $features, $q5k);
             entry!(exact_q6_k, $features, $q6k);
+            entry!(exact_iq4_nl, $features, $leg::<WIQ4NL>);
+            entry!(exact_iq4_xs, $features, $iq4xs);
             fast_entries!($features, $D);
         }
     };
@@ -203,7 +209,9 @@ level!(
     exact_k_rows::<V8, XQ5K>,
     exact_k_rows::<V8, XQ6K>,
     6,
-    deq_legacy8
+    deq_legacy8,
+    exact_k_rows::<V8, XIQ4XS>,
+    deq_iq4xs_v8
 );
 level!(
     avx512,
@@ -215,7 +223,9 @@ level!(
     exact_q5k_lut,
     exact_q6k_512,
     12,
-    deq_leg512
+    deq_leg512,
+    exact_iq4xs_512,
+    deq_iq4xs_512
 );
 
 /// The AVX-VNNI level (AVX2 + VEX `vpdpbusd`, no AVX-512): the AVX2 level's float and exact
@@ -255,4 +265,6 @@ pub(crate) mod fac {
     entry!(q4_k, "avx2,fma,f16c", fac_k45::<false>);
     entry!(q5_k, "avx2,fma,f16c", fac_k45::<true>);
     entry!(q6_k, "avx2,fma,f16c", fac_q6k);
+    entry!(iq4_nl, "avx2,fma,f16c", fac_legacy::<WIQ4NL>);
+    entry!(iq4_xs, "avx2,fma,f16c", fac_iq4xs);
 }
