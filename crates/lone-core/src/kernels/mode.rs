@@ -40,6 +40,16 @@ impl Mode {
             (m, _) => m.name(),
         }
     }
+
+    /// Whether this mode's products are exact on every path on this CPU (f32 activations):
+    /// `Auto` is on the scalar kernels, which have no 8-bit ones.
+    pub fn is_exact_here(self) -> bool {
+        match self {
+            Mode::Exact => true,
+            Mode::Fast => false,
+            Mode::Auto => !isa().has_8bit(),
+        }
+    }
 }
 
 /// 0: not yet read from `LONE_EXACT`; else 1 + the [`Mode`].
@@ -134,11 +144,7 @@ pub fn decode_rows() -> bool {
 
 /// Whether matmuls issued from this thread are exact on every path (f32 activations).
 pub fn exact() -> bool {
-    match mode() {
-        Mode::Exact => true,
-        Mode::Fast => false,
-        Mode::Auto => !isa().has_8bit(),
-    }
+    mode().is_exact_here()
 }
 
 /// How a model computes: its numeric mode and threads, owned by the model (so a draft model
@@ -224,11 +230,7 @@ impl Pass {
 
     /// Whether this pass's products are exact on every path (f32 activations).
     pub fn exact(&self) -> bool {
-        match self.mode {
-            Mode::Exact => true,
-            Mode::Fast => false,
-            Mode::Auto => !isa().has_8bit(),
-        }
+        self.mode.is_exact_here()
     }
 
     /// The same pass for rows that must be exact and alone: the head's logit rows of an exact
@@ -260,17 +262,12 @@ impl Pass {
 /// `true` = [`Mode::Exact`], `false` = [`Mode::Fast`] (every path by row count, as outside a
 /// model's pass: tests and benchmarks).
 pub fn exact_scope(on: bool) -> Scope {
-    let mode = if on { Mode::Exact } else { Mode::Fast };
-    Scope(HERE.with(|c| {
-        let was = c.get();
-        c.replace(Here {
-            mode: Some(mode),
-            base: Some(mode),
-            prompt: false,
-            decode: false,
-            threads: was.threads,
-        })
-    }))
+    Pass {
+        kind: PassKind::ByRowCount,
+        mode: if on { Mode::Exact } else { Mode::Fast },
+        threads: threads_here(),
+    }
+    .enter()
 }
 
 /// A [`Compute`] in force on this thread; dropping it restores what was.
