@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::loader::gguf::GgufFile;
 
 /// A text tokenizer plus what the tokenizer side knows about special tokens and chat formatting.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     special: SpecialTokens,

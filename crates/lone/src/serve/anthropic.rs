@@ -157,7 +157,7 @@ pub(super) async fn messages(
         mut rx,
         mut log,
         ..
-    } = match start(&st, &ready, &req, Kind::Chat, "/v1/messages", t0) {
+    } = match start(&st.log, &ready, &req, Kind::Chat, "/v1/messages", t0) {
         Ok(s) => s,
         Err(e) => return err(e),
     };

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::openai::{self, ApiError, Prompt};
-use super::{body_json, AppState};
+use super::{body_json, AppState, Ready};
 
 /// Most inputs per request.
 const MAX_INPUTS: usize = 256;
@@ -58,7 +58,12 @@ pub(super) async fn embeddings(
 async fn run(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let v = body_json(body)?;
     let ready = st.model(&v).await?;
-    let f: Fields = openai::fields(&v)?;
+    embed(&ready, &v).await
+}
+
+/// The response to an embeddings request `v` for the model `ready`.
+pub(super) async fn embed(ready: &Ready, v: &Value) -> Result<Value, ApiError> {
+    let f: Fields = openai::fields(v)?;
     let base64_out = match f.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

@@ -14,6 +14,8 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+    /// No request log lines (the Python and C APIs' default).
+    Off,
 }
 
 /// Logging settings.
@@ -27,6 +29,7 @@ impl LogConfig {
     /// Print a line: `fields` as JSON, or `key=value` pairs after `what`.
     pub fn line(&self, what: &str, fields: Value) {
         match self.format {
+            LogFormat::Off => {}
             LogFormat::Json => {
                 let mut v = fields;
                 v["event"] = json!(what);

@@ -9,6 +9,7 @@ mod embeddings;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod local;
 pub mod log;
 pub mod metrics;
 mod models;
@@ -104,7 +105,7 @@ pub struct ServeArgs {
         value_name = "MiB"
     )]
     pub cache_ram: i64,
-    /// Request log lines on stderr: text or json.
+    /// Request log lines on stderr: text, json, or off.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: log::LogFormat,
     /// Put the prompt text in the request log lines (off by default: prompts can be private).
@@ -138,6 +139,14 @@ pub struct ServeArgs {
     pub max_connections: usize,
     #[command(flatten)]
     pub spec: crate::cmd::common::SpecArgs,
+    /// The model's numeric mode, when the embedding program sets one per model (the Python
+    /// and C APIs); else the process-wide one (`--exact`, `--fast`).
+    #[arg(skip)]
+    pub mode: Option<lone_core::kernels::Mode>,
+    /// The model's cache type, when the embedding program sets one per model; else the
+    /// process-wide `--cache-type`.
+    #[arg(skip)]
+    pub cache_type: Option<lone_core::cache::KvType>,
 }
 
 pub struct Ready {
@@ -192,6 +201,16 @@ fn now() -> u64 {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    let (state, rt) = prepare(&a)?;
+    rt.block_on(async {
+        let listener = bind(&a).await?;
+        let stop = shutdown_signal(state.clone());
+        serve_on(a, state, listener, stop).await
+    })
+}
+
+/// The server's state and async runtime for `a`, its flags checked.
+fn prepare(a: &ServeArgs) -> Result<(Arc<AppState>, tokio::runtime::Runtime)> {
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
@@ -201,7 +220,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let registry = Arc::new(models::Registry::new(&a, models::model_paths(&a)?)?);
+    let registry = Arc::new(models::Registry::new(a, models::model_paths(a)?)?);
     let state = Arc::new(AppState {
         models: registry,
         created: now(),
@@ -217,18 +236,80 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(serve(a, state))
+    Ok((state, rt))
 }
 
-async fn serve(a: ServeArgs, state: Arc<AppState>) -> Result<()> {
+async fn bind(a: &ServeArgs) -> Result<tokio::net::TcpListener> {
     let addr: SocketAddr = tokio::net::lookup_host((a.host.as_str(), a.port))
         .await
         .with_context(|| format!("cannot resolve --host {}", a.host))?
         .next()
         .with_context(|| format!("no address for --host {}", a.host))?;
-    let listener = tokio::net::TcpListener::bind(addr)
+    tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// A server running on a thread of this process (the Python API's `lone.serve`): it stops
+/// when [`Background::stop`] is called or it is dropped.
+pub struct Background {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Background {
+    /// Bind `a`'s address (port 0: any free port), then serve on a new thread.
+    pub fn start(a: ServeArgs) -> Result<Background> {
+        let (state, rt) = prepare(&a)?;
+        let listener = rt.block_on(bind(&a))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("lone-serve".into())
+            .spawn(move || {
+                rt.block_on(serve_on(a, state, listener, async {
+                    let _ = rx.await;
+                }))
+            })
+            .context("cannot start the server thread")?;
+        Ok(Background {
+            addr,
+            stop: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop serving (open connections get 2 s to finish) and unload the models.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => bail!("the server thread panicked"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+async fn serve_on(
+    a: ServeArgs,
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let reg = &state.models;
     if reg.single {
         eprintln!(
@@ -262,14 +343,20 @@ async fn serve(a: ServeArgs, state: Arc<AppState>) -> Result<()> {
         bail!("--max-connections must be at least 1");
     }
     let app = router(state.clone(), limits);
-    transport::serve(listener, app, limits, shutdown_signal(state.clone())).await;
+    transport::serve(listener, app, limits, stop).await;
     state.models.shutdown();
     eprintln!("lone serve: stopped");
     Ok(())
 }
 
 fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
-    let model = common::load_model(path, a.threads)?;
+    let mut model = common::load_model(path, a.threads)?;
+    if let Some(t) = a.cache_type {
+        model.set_kv_type(t)?;
+    }
+    if a.mode.is_some() {
+        model.compute.mode = a.mode;
+    }
     let (kv_per_token, kv_fixed) = model_info::cache_bytes(&model, model.kv_type);
     let mut text = TextIo::load(&model, path).context("cannot load the tokenizer")?;
     if let Some(f) = &a.chat_template_file {
@@ -786,7 +873,7 @@ async fn handle(
         stream,
         mut rx,
         mut log,
-    } = start(&st, &ready, &v, kind, endpoint, t0)?;
+    } = start(&st.log, &ready, &v, kind, endpoint, t0)?;
     if stream {
         return Ok(stream_response(meta, ready.text.clone(), rx, log));
     }
@@ -810,7 +897,7 @@ struct Started {
 
 /// Validate an OpenAI-shaped request (chat or completions) and submit its sequences.
 fn start(
-    st: &AppState,
+    log_cfg: &log::LogConfig,
     ready: &Ready,
     v: &Value,
     kind: Kind,
@@ -848,7 +935,7 @@ fn start(
                 .map_err(|e| {
                     bad_request("messages", format!("cannot apply the chat template: {e}"))
                 })?;
-            if st.log.prompts {
+            if log_cfg.prompts {
                 prompt_log = Some(prompt_text.clone());
             }
             // A template that opens the reasoning block (`<think>` at the end of the prompt):
@@ -898,7 +985,7 @@ fn start(
             };
             let prompts = match f.prompt {
                 Prompt::Text(s) => {
-                    if st.log.prompts {
+                    if log_cfg.prompts {
                         prompt_log = Some(s.clone());
                     }
                     vec![encode(&s)?]
@@ -1038,7 +1125,7 @@ fn start(
     }
 
     let log = log::RequestLog::new(
-        &st.log,
+        log_cfg,
         &meta.id,
         endpoint,
         &ready.id,
@@ -1074,53 +1161,62 @@ async fn collect(
     let mut acc = vec![ChoiceAcc::default(); choices];
     let mut left = choices;
     while left > 0 {
-        let Some(ev) = rx.recv().await else {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "the inference engine stopped",
-            ));
-        };
+        let ev = rx.recv().await.ok_or_else(engine_stopped)?;
         log.on_event(&ev);
-        match ev {
-            Event::Delta {
-                index,
-                text,
-                tokens,
-            } => {
-                if let Some(c) = acc.get_mut(index) {
-                    c.text.push_str(&text);
-                    c.tokens.extend(tokens);
-                }
-            }
-            Event::Done {
-                index,
-                finish,
-                completion_tokens,
-                cached_tokens,
-                spec,
-                stop,
-                ..
-            } => {
-                if let Some(c) = acc.get_mut(index) {
-                    c.finish = Some(finish);
-                    c.completion_tokens = completion_tokens;
-                    c.cached_tokens = cached_tokens;
-                    c.spec = spec;
-                    c.stop = stop;
-                    left -= 1;
-                }
-            }
-            Event::Error { message, .. } => {
-                return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    message,
-                ))
-            }
+        if accumulate(&mut acc, ev)? {
+            left -= 1;
         }
     }
     Ok(acc)
+}
+
+fn engine_stopped() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the inference engine stopped",
+    )
+}
+
+/// Add one event to the choices it belongs to; whether it finished a choice.
+fn accumulate(acc: &mut [ChoiceAcc], ev: Event) -> Result<bool, ApiError> {
+    match ev {
+        Event::Delta {
+            index,
+            text,
+            tokens,
+        } => {
+            if let Some(c) = acc.get_mut(index) {
+                c.text.push_str(&text);
+                c.tokens.extend(tokens);
+            }
+            Ok(false)
+        }
+        Event::Done {
+            index,
+            finish,
+            completion_tokens,
+            cached_tokens,
+            spec,
+            stop,
+            ..
+        } => match acc.get_mut(index) {
+            Some(c) => {
+                c.finish = Some(finish);
+                c.completion_tokens = completion_tokens;
+                c.cached_tokens = cached_tokens;
+                c.spec = spec;
+                c.stop = stop;
+                Ok(true)
+            }
+            None => Ok(false),
+        },
+        Event::Error { message, .. } => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            message,
+        )),
+    }
 }
 
 fn finish_name(v: &Value) -> &'static str {

@@ -213,7 +213,7 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
         mut rx,
         mut log,
         ..
-    } = match start(&st, &ready, &Value::Object(req), kind, endpoint, t0) {
+    } = match start(&st.log, &ready, &Value::Object(req), kind, endpoint, t0) {
         Ok(s) => s,
         Err(e) => return err(e),
     };

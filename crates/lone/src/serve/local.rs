@@ -1,0 +1,364 @@
+//! A model served inside this process, without HTTP, for the Python and C APIs: the server's
+//! engine (continuous batching: requests from several threads share its steps), its request
+//! validation and its OpenAI response shapes. A request body is what `POST
+//! /v1/chat/completions`, `/v1/completions` or `/v1/embeddings` take, and the answer is what
+//! they return (a streamed answer: the chunks their SSE events carry).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::http::StatusCode;
+use lone_core::models::Model;
+use lone_core::text::TextIo;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::engine::Event;
+use super::metrics::Metrics;
+use super::openai::{self, ApiError, ChoiceAcc, Chunker, Kind, Meta};
+use super::{accumulate, engine_stopped, load, log, models, start, Ready, ServeArgs, Started};
+
+/// One loaded model and its engine thread.
+pub struct Local {
+    ready: Arc<Ready>,
+    log: log::LogConfig,
+    /// Waits for engine events with a timeout (so a caller can check for an interrupt).
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+/// What [`Request::next`] has.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing yet within the wait.
+    Wait,
+    /// A streamed chunk (the JSON of one SSE event).
+    Chunk(Value),
+    /// The whole response (a request without `stream`).
+    Response(Value),
+    /// The stream has ended.
+    End,
+}
+
+/// A generation request in flight. Dropping it cancels its sequences.
+pub struct Request {
+    rt: Arc<tokio::runtime::Runtime>,
+    ready: Arc<Ready>,
+    meta: Meta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    log: log::RequestLog,
+    /// Streaming: the chunk builder and the chunks not handed out yet.
+    chunker: Option<Chunker>,
+    pending: VecDeque<String>,
+    /// Not streaming: the choices so far and how many are still running.
+    acc: Vec<ChoiceAcc>,
+    left: usize,
+    finished: bool,
+}
+
+fn internal(msg: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+}
+
+impl Local {
+    /// Load the model `a` names (its first `--model`, else the default model) with `a`'s
+    /// settings (context, slots, threads, speculation, chat template), and start its engine.
+    pub fn open(a: &ServeArgs) -> Result<Local> {
+        let (id, path) = models::model_paths(a)?
+            .into_iter()
+            .next()
+            .context("no model to open")?;
+        let ready = load(a, &id, &path, &Arc::new(Metrics::default()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lone-local")
+            .enable_time()
+            .build()
+            .context("cannot start the async runtime")?;
+        Ok(Local {
+            ready: Arc::new(ready),
+            log: log::LogConfig {
+                format: a.log_format,
+                prompts: a.log_prompts,
+            },
+            rt: Arc::new(rt),
+        })
+    }
+
+    /// The id responses carry (the file or directory name, or `--alias`).
+    pub fn id(&self) -> &str {
+        &self.ready.id
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.ready.path
+    }
+
+    /// Positions per sequence (prompt + completion).
+    pub fn ctx(&self) -> usize {
+        self.ready.ctx
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.ready.vocab
+    }
+
+    /// Embedding width.
+    pub fn hidden(&self) -> usize {
+        self.ready.hidden
+    }
+
+    /// The tokenizer, chat template and end-of-sequence ids.
+    pub fn text(&self) -> &TextIo {
+        &self.ready.text
+    }
+
+    /// What `/api/show` reports: architecture, quantization, parameters.
+    pub fn info(&self) -> Value {
+        serde_json::json!({
+            "id": self.ready.id,
+            "path": self.ready.path.display().to_string(),
+            "architecture": self.ready.arch,
+            "quantization": self.ready.quant,
+            "parameters": self.ready.params,
+            "context": self.ready.ctx,
+            "vocab_size": self.ready.vocab,
+            "embedding_size": self.ready.hidden,
+            "chat_template": self.ready.text.template_for(false).is_some(),
+        })
+    }
+
+    /// The token ids of `text`; `add_special`: with the tokenizer's BOS/EOS as it adds them.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        self.ready
+            .text
+            .tokenizer
+            .encode(text, add_special)
+            .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))
+    }
+
+    /// The text of `ids` (special tokens included as text).
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, ApiError> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.ready.vocab) {
+            return Err(self.out_of_vocab("tokens", bad));
+        }
+        self.ready
+            .text
+            .decode(ids)
+            .map_err(|e| ApiError::invalid("tokens", format!("cannot detokenize: {e}")))
+    }
+
+    fn out_of_vocab(&self, param: &str, id: u32) -> ApiError {
+        ApiError::invalid(
+            param,
+            format!(
+                "token id {id} is out of the vocabulary (size {})",
+                self.ready.vocab
+            ),
+        )
+    }
+
+    /// The prompt a chat request's `messages` (and `tools`) render to with the chat template.
+    pub fn apply_template(&self, body: &Value) -> Result<String, ApiError> {
+        let (msgs, plan) = super::chat_messages(&self.ready, body)?;
+        super::render_chat(&self.ready, &msgs, &plan)
+    }
+
+    /// Start a chat or completion request (`body` as the HTTP endpoint takes it).
+    pub fn request(&self, kind: Kind, body: &Value) -> Result<Request, ApiError> {
+        let endpoint = match kind {
+            Kind::Chat => "/v1/chat/completions",
+            Kind::Completion => "/v1/completions",
+        };
+        let Started {
+            meta,
+            stream,
+            rx,
+            log,
+        } = start(&self.log, &self.ready, body, kind, endpoint, Instant::now())?;
+        let (chunker, pending) = if stream {
+            let c = Chunker::new(meta.clone(), self.ready.text.clone());
+            let first = c.start().into();
+            (Some(c), first)
+        } else {
+            (None, VecDeque::new())
+        };
+        Ok(Request {
+            rt: self.rt.clone(),
+            ready: self.ready.clone(),
+            acc: vec![ChoiceAcc::default(); meta.choices],
+            left: meta.choices,
+            meta,
+            rx,
+            log,
+            chunker,
+            pending,
+            finished: false,
+        })
+    }
+
+    /// The answer to an embeddings request (`input`, `encoding_format`, `dimensions`).
+    pub fn embeddings(&self, body: &Value) -> Result<Value, ApiError> {
+        self.rt
+            .handle()
+            .block_on(super::embeddings::embed(&self.ready, body))
+    }
+
+    /// Run `f` with the model on the engine thread, between its steps (so it never races a
+    /// running generation), and wait for its result.
+    pub fn with_model<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Model) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.ready
+            .engine
+            .run_job(Box::new(move |m| {
+                let _ = tx.send(f(m));
+            }))
+            .map_err(|_| internal("the model is shutting down"))?;
+        rx.recv().map_err(|_| internal("the model's job failed"))
+    }
+
+    /// The logits of `ids` as a prompt from position 0: `[vocab]` for its last position, or
+    /// `[positions, vocab]` with `all`.
+    pub fn logits(&self, ids: &[u32], all: bool) -> Result<Vec<f32>, ApiError> {
+        if ids.is_empty() {
+            return Err(ApiError::invalid("tokens", "the token list is empty"));
+        }
+        if ids.len() > self.ready.ctx {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!(
+                    "{} tokens do not fit the context of {}",
+                    ids.len(),
+                    self.ready.ctx
+                ),
+            )
+            .code("context_length_exceeded"));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.ready.vocab) {
+            return Err(self.out_of_vocab("tokens", bad));
+        }
+        let ids = ids.to_vec();
+        self.with_model(move |m| {
+            let mut cache = vec![m.new_cache()];
+            let batch = lone_core::models::Batch::for_sequence(0, 0, &ids, all);
+            m.forward(&batch, &mut cache).map(|o| o.logits)
+        })?
+        .map_err(|e| internal(e.to_string()))
+    }
+
+    /// The perplexity of `text` as `lone perplexity` computes it (llama-perplexity's method:
+    /// chunks of `ctx` tokens, the second half of each scored).
+    pub fn perplexity(
+        &self,
+        text: &str,
+        ctx: usize,
+        chunks: Option<usize>,
+    ) -> Result<lone_core::perplexity::PerplexityResult, ApiError> {
+        let tok = &self.ready.text.tokenizer;
+        let mut io_tok = lone_core::tokenizer::Tokenizer::clone(tok);
+        io_tok.set_special_as_text(true);
+        let tokens = io_tok
+            .encode(text, false)
+            .map_err(|e| ApiError::invalid("text", format!("cannot tokenize: {e}")))?;
+        let opts = lone_core::perplexity::PerplexityOptions {
+            ctx,
+            batch: ctx.clamp(1, 512),
+            chunks,
+            bos: tok.add_bos_token().then(|| tok.bos_id()).flatten(),
+        };
+        self.with_model(move |m| lone_core::perplexity::perplexity(m, &tokens, &opts, |_, _| {}))?
+            .map_err(|e| ApiError::invalid("text", e.to_string()))
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        self.ready.engine.shutdown();
+    }
+}
+
+impl Request {
+    /// Whether the request streams (chunks, then [`Step::End`]) or answers once
+    /// ([`Step::Response`]).
+    pub fn is_stream(&self) -> bool {
+        self.chunker.is_some()
+    }
+
+    /// The next thing this request has, waiting at most `wait` for the engine.
+    pub fn next(&mut self, wait: Duration) -> Result<Step, ApiError> {
+        loop {
+            if let Some(p) = self.pending.pop_front() {
+                if p == "[DONE]" {
+                    continue;
+                }
+                return serde_json::from_str(&p)
+                    .map(Step::Chunk)
+                    .map_err(|e| internal(format!("bad chunk: {e}")));
+            }
+            if self.finished {
+                return Ok(Step::End);
+            }
+            let rx = &mut self.rx;
+            // The timer is made inside the runtime (it needs its time driver).
+            let got = self
+                .rt
+                .handle()
+                .block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+            let ev = match got {
+                Err(_) => return Ok(Step::Wait),
+                Ok(None) => {
+                    self.finished = true;
+                    return Err(engine_stopped());
+                }
+                Ok(Some(ev)) => ev,
+            };
+            self.log.on_event(&ev);
+            let Some(chunker) = self.chunker.as_mut() else {
+                let done = accumulate(&mut self.acc, ev).inspect_err(|_| self.finished = true)?;
+                self.left -= usize::from(done);
+                if self.left == 0 {
+                    self.finished = true;
+                    let resp = openai::full_response(&self.meta, &self.ready.text, &self.acc);
+                    self.log.done(resp["choices"].as_array().map(|cs| {
+                        cs.iter()
+                            .map(|c| super::finish_name(&c["finish_reason"]))
+                            .collect()
+                    }));
+                    return Ok(Step::Response(resp));
+                }
+                continue;
+            };
+            if let Event::Error { message, .. } = ev {
+                self.finished = true;
+                self.log.done(None);
+                return Err(internal(message));
+            }
+            self.pending.extend(chunker.on_event(ev));
+            if chunker.all_done() {
+                self.pending.extend(chunker.end());
+                self.finished = true;
+                self.rx.close();
+                let f = chunker.finishes.clone();
+                self.log.done(Some(f));
+            }
+        }
+    }
+
+    /// Wait for the whole answer (no interrupt check): the response, or for a stream every
+    /// chunk in order.
+    pub fn wait_all(mut self) -> Result<Vec<Value>, ApiError> {
+        let mut out = Vec::new();
+        loop {
+            match self.next(Duration::from_secs(3600))? {
+                Step::Wait => {}
+                Step::Chunk(c) => out.push(c),
+                Step::Response(r) => return Ok(vec![r]),
+                Step::End => return Ok(out),
+            }
+        }
+    }
+}
