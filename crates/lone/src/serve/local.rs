@@ -55,6 +55,8 @@ pub struct Request {
     acc: Vec<ChoiceAcc>,
     left: usize,
     finished: bool,
+    /// Each choice's generated token ids so far.
+    ids: Vec<Vec<u32>>,
 }
 
 fn internal(msg: impl Into<String>) -> ApiError {
@@ -188,6 +190,7 @@ impl Local {
             rt: self.rt.clone(),
             ready: self.ready.clone(),
             acc: vec![ChoiceAcc::default(); meta.choices],
+            ids: vec![Vec::new(); meta.choices],
             left: meta.choices,
             meta,
             rx,
@@ -288,6 +291,12 @@ impl Request {
         self.chunker.is_some()
     }
 
+    /// The token ids choice `index` has generated so far (those its text was made of; a
+    /// stop string's tokens included).
+    pub fn token_ids(&self, index: usize) -> &[u32] {
+        self.ids.get(index).map_or(&[], Vec::as_slice)
+    }
+
     /// The next thing this request has, waiting at most `wait` for the engine.
     pub fn next(&mut self, wait: Duration) -> Result<Step, ApiError> {
         loop {
@@ -317,6 +326,11 @@ impl Request {
                 Ok(Some(ev)) => ev,
             };
             self.log.on_event(&ev);
+            if let Event::Delta { index, tokens, .. } = &ev {
+                if let Some(ids) = self.ids.get_mut(*index) {
+                    ids.extend(tokens.iter().map(|t| t.id));
+                }
+            }
             let Some(chunker) = self.chunker.as_mut() else {
                 let done = accumulate(&mut self.acc, ev).inspect_err(|_| self.finished = true)?;
                 self.left -= usize::from(done);
