@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run every test: fetches the default model once (tests use it), the Rust test suite, then the
-# `lone serve` end-to-end tests with the official openai Python client.
+# Run every test: fetches the default model once (tests use it), the Rust test suite (the C
+# API's example included), the aarch64 suite, the Python wheel's tests, then the `lone serve`
+# end-to-end tests with the official openai Python client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-default-model.sh
@@ -17,6 +18,10 @@ done
 # The aarch64 suite under qemu: the kernels and the parity tests on the ARMv8.0, dotprod and
 # i8mm CPU classes, 1 and 2 threads.
 scripts/test-aarch64.sh
+# The Python wheel (the `lone` command + module): built, installed into a fresh venv and tested
+# from outside the tree; then the aarch64 wheel imported and run under qemu.
+scripts/test-python.sh
+scripts/test-python-aarch64.sh
 # The web chat page's browser test needs Chromium and playwright-core: install them, and make
 # their absence a failure rather than a skip.
 scripts/install-browser.sh
