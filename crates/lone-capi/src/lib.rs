@@ -1034,3 +1034,6 @@ pub unsafe extern "C" fn lone_embed(
         unsafe { fill(&v, out, cap, n_out, "floats") }
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -24,7 +24,7 @@ fn default_model() -> PathBuf {
 /// The directory holding `liblone.so` for this test's profile.
 ///
 /// `cargo test -p lone-capi` compiles the library target once with all its crate types
-/// (cdylib, staticlib, rlib) for the integration tests, into `target/<profile>/deps/`,
+/// (cdylib, staticlib) for the integration tests, into `target/<profile>/deps/`,
 /// where this test's binary is: linking the `liblone.so` next to it links exactly the code
 /// this run built (`cargo test` does not refresh the copy in `target/<profile>/`, which
 /// `cargo build` leaves there, so that one may be stale). Should it be missing (a runner

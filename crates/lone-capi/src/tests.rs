@@ -1,11 +1,11 @@
-//! The C functions called from Rust (through the rlib): argument checks, error messages,
+//! The C functions called from Rust (unit tests: the crate is a cdylib and staticlib only): argument checks, error messages,
 //! buffers, callbacks, sequences and several models, on the default model.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::{null, null_mut};
 
-use lone::*;
+use super::*;
 use serde_json::Value;
 
 const OPTS: &CStr = c"{\"threads\": 2, \"parallel\": 2}";
