@@ -122,12 +122,29 @@ def request_seeds():
         (d / f"{k}.json").write_text(json.dumps(v))
 
 
+def embed_options_seeds():
+    """The C API's options object, a NUL, then the Python API's flags split by NULs."""
+    d = fresh("embed_options")
+    seeds = {
+        "c-full": ({"threads": 2, "ctx": 2048, "parallel": 2, "mode": "exact", "cache_type": "f32",
+                    "chat_template_file": "t.jinja", "cache_ram": 0, "log_format": "json"}, []),
+        "c-empty": ({}, []),
+        "py-flags": (None, ["--model", "m.gguf", "--ctx", "4096", "--parallel", "1", "--log-format", "off",
+                            "--model-draft", "d.gguf", "--draft-max", "8", "--spec-type", "ngram-simple"]),
+        "both": ({"threads": 1, "mode": "fast"}, ["--threads", "1", "--cache-ram", "-1", "--log-prompts"]),
+    }
+    for k, (opts, flags) in seeds.items():
+        head = b"" if opts is None else json.dumps(opts).encode()
+        (d / f"{k}.bin").write_bytes(b"\0".join([head, *[f.encode() for f in flags]]))
+
+
 if __name__ == "__main__":
     gguf_seeds()
     safetensors_seeds()
     config_seeds()
     template_seeds()
     request_seeds()
+    embed_options_seeds()
     for p in sorted(OUT.iterdir()):
         files = list(p.iterdir())
         print(p.name, len(files), sum(f.stat().st_size for f in files), "bytes")

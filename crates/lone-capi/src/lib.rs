@@ -26,7 +26,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use lone_rt::serve::local::{Local, Request, Step};
 use lone_rt::serve::openai::{ApiError, Kind};
 use lone_rt::serve::ServeArgs;
@@ -338,100 +337,8 @@ fn cancelled() -> Failure {
 // ---------------------------------------------------------------------------------------
 // Options
 
-/// `lone serve`'s flags, parsed as the command parses them.
-#[derive(Parser)]
-#[command(name = "lone")]
-struct ServeCli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
-
-const OPTIONS: &str =
-    "threads, ctx, parallel, mode, cache_type, chat_template_file, cache_ram, log_format";
-
-fn option_str<'a>(k: &str, v: &'a Value) -> Res<&'a str> {
-    v.as_str()
-        .ok_or_else(|| invalid(format!("option \"{k}\" must be a string, not {v}")))
-}
-
 fn serve_args(path: Option<&str>, options: Option<&str>) -> Res<ServeArgs> {
-    use lone_core::kernels::Mode;
-    let mut flags = vec!["lone".to_string()];
-    if let Some(p) = path {
-        if p.is_empty() {
-            return Err(invalid(
-                "path is empty; pass a GGUF file or checkpoint directory, or NULL for the default model",
-            ));
-        }
-        flags.push(format!("--model={p}"));
-    }
-    let (mut mode, mut cache_type, mut log_format) = (None, None, "off".to_string());
-    let opts = match options.map(serde_json::from_str::<Value>) {
-        None => Map::new(),
-        Some(Err(e)) => {
-            return Err(invalid(format!(
-                "options_json is not valid JSON ({e}); pass an object such as {{\"threads\": 2}}"
-            )))
-        }
-        Some(Ok(Value::Null)) => Map::new(),
-        Some(Ok(Value::Object(m))) => m,
-        Some(Ok(v)) => {
-            return Err(invalid(format!(
-                "options_json must be a JSON object such as {{\"threads\": 2}}, not {v}"
-            )))
-        }
-    };
-    for (k, v) in &opts {
-        match k.as_str() {
-            "threads" | "ctx" | "parallel" | "cache_ram" => {
-                let n = v
-                    .as_u64()
-                    .filter(|&n| n > 0 || k == "cache_ram")
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "option \"{k}\" must be a positive integer, not {v}"
-                        ))
-                    })?;
-                flags.push(format!("--{}={n}", k.replace('_', "-")));
-            }
-            "mode" => {
-                mode = Some(match option_str(k, v)? {
-                    "auto" => Mode::Auto,
-                    "exact" => Mode::Exact,
-                    "fast" => Mode::Fast,
-                    m => {
-                        return Err(invalid(format!(
-                            "option \"mode\" must be \"auto\", \"exact\" or \"fast\", not {m:?}"
-                        )))
-                    }
-                })
-            }
-            "cache_type" => {
-                let t = option_str(k, v)?;
-                cache_type = Some(lone_core::cache::KvType::parse(t).ok_or_else(|| {
-                    invalid(format!(
-                        "option \"cache_type\" must be \"f16\", \"f32\" or \"q8_0\", not {t:?}"
-                    ))
-                })?);
-            }
-            "chat_template_file" => {
-                flags.push(format!("--chat-template-file={}", option_str(k, v)?));
-            }
-            "log_format" => log_format = option_str(k, v)?.to_string(),
-            _ => {
-                return Err(invalid(format!(
-                    "unknown option \"{k}\" in options_json; the options are {OPTIONS}"
-                )))
-            }
-        }
-    }
-    flags.push(format!("--log-format={log_format}"));
-    let mut a = ServeCli::try_parse_from(flags)
-        .map(|c| c.args)
-        .map_err(|e| invalid(e.render().to_string().trim_end().to_string()))?;
-    a.mode = mode;
-    a.cache_type = cache_type;
-    Ok(a)
+    lone_rt::serve::local::serve_args_json(path, options).map_err(invalid)
 }
 
 /// A JSON object argument (NULL: an empty object).

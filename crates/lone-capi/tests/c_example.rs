@@ -4,10 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use clap::Parser;
 use lone_rt::serve::local::Local;
 use lone_rt::serve::openai::Kind;
-use lone_rt::serve::ServeArgs;
 use serde_json::{json, Value};
 
 fn default_model() -> PathBuf {
@@ -69,12 +67,6 @@ fn section<'a>(out: &'a str, name: &str) -> &'a str {
     &rest[..end]
 }
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
-
 #[test]
 fn c_example_builds_runs_and_matches_the_engine() {
     let model = default_model();
@@ -122,13 +114,12 @@ fn c_example_builds_runs_and_matches_the_engine() {
 
     // The reference: the engine itself, with the same settings and prompt.
     let flags = [
-        "lone".to_string(),
         format!("--model={}", model.display()),
         "--threads=2".into(),
         "--parallel=1".into(),
         "--log-format=off".into(),
     ];
-    let local = Local::open(&Cli::parse_from(flags).args).unwrap();
+    let local = Local::open(&lone_rt::serve::local::serve_args(flags).unwrap()).unwrap();
     let ids = local.tokenize("The capital of France is", true).unwrap();
     let printed: Vec<u32> = section(&stdout, "prompt ids")
         .split(',')

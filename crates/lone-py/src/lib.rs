@@ -7,8 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use clap::Parser;
-use lone::serve::local::{Local, Request, Step};
+use lone::serve::local::{self, Local, Request, Step};
 use lone::serve::openai::{ApiError, Kind};
 use lone::serve::{Background, ServeArgs};
 use pyo3::create_exception;
@@ -69,41 +68,18 @@ fn parse_json(py: Python<'_>, s: &str) -> PyResult<Value> {
     serde_json::from_str(s).map_err(|e| any_err(py, format!("bad JSON from the wrapper: {e}")))
 }
 
-/// `lone serve`'s flags, parsed as the command parses them.
-#[derive(Parser)]
-#[command(name = "lone")]
-struct ServeCli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
-
 fn serve_args(py: Python<'_>, flags: Vec<String>) -> PyResult<ServeArgs> {
-    let argv = std::iter::once("lone".to_string()).chain(flags);
-    ServeCli::try_parse_from(argv)
-        .map(|c| c.args)
-        .map_err(|e| any_err(py, e.render().to_string().trim_end()))
+    local::serve_args(flags).map_err(|e| any_err(py, e))
 }
 
 fn parse_mode(mode: Option<&str>) -> PyResult<Option<lone_core::kernels::Mode>> {
-    use lone_core::kernels::Mode;
-    match mode {
-        None => Ok(None),
-        Some("auto") => Ok(Some(Mode::Auto)),
-        Some("exact") => Ok(Some(Mode::Exact)),
-        Some("fast") => Ok(Some(Mode::Fast)),
-        Some(m) => Err(PyValueError::new_err(format!(
-            "mode must be 'auto', 'exact' or 'fast', not {m:?}"
-        ))),
-    }
+    mode.map(|m| local::mode_named(m).map_err(|e| PyValueError::new_err(format!("mode {e}"))))
+        .transpose()
 }
 
 fn parse_cache_type(t: Option<&str>) -> PyResult<Option<lone_core::cache::KvType>> {
     t.map(|t| {
-        lone_core::cache::KvType::parse(t).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "cache_type must be 'f16', 'f32' or 'q8_0', not {t:?}"
-            ))
-        })
+        local::cache_type_named(t).map_err(|e| PyValueError::new_err(format!("cache_type {e}")))
     })
     .transpose()
 }

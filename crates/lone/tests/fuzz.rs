@@ -249,3 +249,8 @@ fn openai_request() {
             .expect("the tiny LFM2 fixture loads");
     fuzz("openai_request", &|d| ctx.run(d));
 }
+
+#[test]
+fn embed_options() {
+    fuzz("embed_options", &lone::serve::fuzzing::embed_options);
+}

@@ -83,3 +83,19 @@ impl RequestFuzz {
         }
     }
 }
+
+/// The Python and C APIs' option parsing (`embed_options` target): the input up to its first
+/// NUL is the C API's `options_json`; the rest, split at NULs, is the flag list the Python
+/// API makes from keyword arguments. Both are only parsed (nothing is loaded). Must return
+/// (an error is fine), never panic.
+pub fn embed_options(data: &[u8]) {
+    let mut parts = data.split(|&b| b == 0);
+    if let Ok(json) = std::str::from_utf8(parts.next().unwrap_or_default()) {
+        let _ = super::local::serve_args_json(Some("model.gguf"), Some(json));
+        let _ = super::local::serve_args_json(None, Some(json));
+    }
+    let flags: Vec<String> = parts
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let _ = super::local::serve_args(flags);
+}

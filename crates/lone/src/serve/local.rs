@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
+use clap::Parser;
 use lone_core::models::Model;
 use lone_core::text::TextIo;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::engine::Event;
@@ -375,4 +376,114 @@ impl Request {
             }
         }
     }
+}
+
+/// `lone serve`'s flags, parsed as the command parses them.
+#[derive(Parser)]
+#[command(name = "lone")]
+struct ServeCli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+/// [`ServeArgs`] from `lone serve`'s flags (`["--model", "m.gguf", "--ctx", "2048"]`, no
+/// program name), parsed as the command parses them: the Python API's keyword arguments.
+pub fn serve_args(flags: impl IntoIterator<Item = String>) -> Result<ServeArgs, String> {
+    let argv = std::iter::once("lone".to_string()).chain(flags);
+    ServeCli::try_parse_from(argv)
+        .map(|c| c.args)
+        .map_err(|e| e.render().to_string().trim_end().to_string())
+}
+
+/// The numeric mode called `s` (`auto`, `exact`, `fast`).
+pub fn mode_named(s: &str) -> Result<lone_core::kernels::Mode, String> {
+    use lone_core::kernels::Mode;
+    match s {
+        "auto" => Ok(Mode::Auto),
+        "exact" => Ok(Mode::Exact),
+        "fast" => Ok(Mode::Fast),
+        m => Err(format!(
+            "must be \"auto\", \"exact\" or \"fast\", not {m:?}"
+        )),
+    }
+}
+
+/// The cache type called `s` (`f16`, `f32`, `q8_0`).
+pub fn cache_type_named(s: &str) -> Result<lone_core::cache::KvType, String> {
+    lone_core::cache::KvType::parse(s)
+        .ok_or_else(|| format!("must be \"f16\", \"f32\" or \"q8_0\", not {s:?}"))
+}
+
+const OPTIONS: &str =
+    "threads, ctx, parallel, mode, cache_type, chat_template_file, cache_ram, log_format";
+
+fn option_str<'a>(k: &str, v: &'a Value) -> Result<&'a str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("option \"{k}\" must be a string, not {v}"))
+}
+
+/// [`ServeArgs`] from the C API's `options_json` (`{"threads": 2, "ctx": 2048, "mode":
+/// "exact", ...}`) and model path (`None`: the default model). Unknown keys, wrong types and
+/// values the command would refuse are errors that say what to pass.
+pub fn serve_args_json(path: Option<&str>, options: Option<&str>) -> Result<ServeArgs, String> {
+    let mut flags = vec!["lone".to_string()];
+    if let Some(p) = path {
+        if p.is_empty() {
+            return Err(
+                "path is empty; pass a GGUF file or checkpoint directory, or NULL for the default model".into(),
+            );
+        }
+        flags.push(format!("--model={p}"));
+    }
+    let (mut mode, mut cache_type, mut log_format) = (None, None, "off".to_string());
+    let opts = match options.map(serde_json::from_str::<Value>) {
+        None => Map::new(),
+        Some(Err(e)) => {
+            return Err(format!(
+                "options_json is not valid JSON ({e}); pass an object such as {{\"threads\": 2}}"
+            ))
+        }
+        Some(Ok(Value::Null)) => Map::new(),
+        Some(Ok(Value::Object(m))) => m,
+        Some(Ok(v)) => {
+            return Err(format!(
+                "options_json must be a JSON object such as {{\"threads\": 2}}, not {v}"
+            ))
+        }
+    };
+    for (k, v) in &opts {
+        match k.as_str() {
+            "threads" | "ctx" | "parallel" | "cache_ram" => {
+                let n = v
+                    .as_u64()
+                    .filter(|&n| n > 0 || k == "cache_ram")
+                    .ok_or_else(|| format!("option \"{k}\" must be a positive integer, not {v}"))?;
+                flags.push(format!("--{}={n}", k.replace('_', "-")));
+            }
+            "mode" => {
+                mode = Some(
+                    mode_named(option_str(k, v)?).map_err(|e| format!("option \"mode\" {e}"))?,
+                )
+            }
+            "cache_type" => {
+                let t = cache_type_named(option_str(k, v)?)
+                    .map_err(|e| format!("option \"cache_type\" {e}"))?;
+                cache_type = Some(t);
+            }
+            "chat_template_file" => {
+                flags.push(format!("--chat-template-file={}", option_str(k, v)?));
+            }
+            "log_format" => log_format = option_str(k, v)?.to_string(),
+            _ => {
+                return Err(format!(
+                    "unknown option \"{k}\" in options_json; the options are {OPTIONS}"
+                ))
+            }
+        }
+    }
+    flags.push(format!("--log-format={log_format}"));
+    let mut a = serve_args(flags.into_iter().skip(1))?;
+    a.mode = mode;
+    a.cache_type = cache_type;
+    Ok(a)
 }
