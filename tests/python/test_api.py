@@ -91,6 +91,17 @@ def test_generate_equals_lone_run(smol):
     assert smol.detokenize(want["generated_ids"]) == want["text"]
 
 
+def test_speculation_options_give_the_plain_answer(smol):
+    # A sentence longer than ngram-simple's 12-token key, repeated: the reply copies it.
+    prompt = "The quick brown fox jumps over the lazy dog while the old cat sleeps on the warm mat by the red door. " * 4
+    prompt += "The quick brown fox"
+    with lone.Model(SMOL, threads=2, ctx=2048, spec_type="ngram-simple", draft_max=8) as spec:
+        r = spec.create_completion(prompt, max_tokens=40, temperature=0)
+        assert r["choices"][0]["text"] == smol.generate(prompt, max_tokens=40)
+        # Drafts were made and accepted (reported as OpenAI reports predicted outputs).
+        assert r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+
 def test_completion_shape_and_logprobs(smol):
     r = smol.create_completion(PROMPT, max_tokens=5, temperature=0, logprobs=2)
     assert r["object"] == "text_completion"
