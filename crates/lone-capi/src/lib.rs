@@ -26,6 +26,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lone_rt::cli::report;
 use lone_rt::serve::local::{Local, Request, Step};
 use lone_rt::serve::openai::{ApiError, Kind};
 use lone_rt::serve::ServeArgs;
@@ -115,22 +116,6 @@ impl From<ApiError> for Failure {
         }
         Failure::new(status, message)
     }
-}
-
-/// The error and its causes, each said once (as the `lone` command prints them).
-fn report(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for c in e.chain() {
-        let s = c.to_string();
-        if out.contains(&s) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&s);
-    }
-    out
 }
 
 thread_local! {

@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use lone::cli::report;
 use lone::serve::local::{self, Local, Request, Step};
 use lone::serve::openai::{ApiError, Kind};
 use lone::serve::{Background, ServeArgs};
@@ -46,22 +47,6 @@ fn any_err(py: Python<'_>, e: impl std::fmt::Display) -> PyErr {
         let _ = v.setattr(k, None::<&str>);
     }
     pe
-}
-
-/// The error and its causes, each said once (as the `lone` command prints them).
-fn report(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for c in e.chain() {
-        let s = c.to_string();
-        if out.contains(&s) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&s);
-    }
-    out
 }
 
 fn parse_json(py: Python<'_>, s: &str) -> PyResult<Value> {

@@ -118,8 +118,9 @@ fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::f
     out
 }
 
-/// The error and its causes, each said once (a cause already in the message is not repeated).
-fn report(e: &anyhow::Error) -> String {
+/// The error and its causes, each said once (a cause already in the message is not repeated):
+/// how the command, and the Python and C APIs, word an error.
+pub fn report(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for c in e.chain() {
         let s = c.to_string();
