@@ -304,6 +304,53 @@ struct Count {
     text: String,
 }
 
+impl Count {
+    /// A callback state that asks to stop after `stop_after` pieces.
+    fn new(stop_after: usize) -> Count {
+        Count {
+            calls: 0,
+            stop_after,
+            text: String::new(),
+        }
+    }
+}
+
+/// `lone_chat` with `req`, streaming into `count` when given: its status and response.
+fn chat(m: &Model, req: &CStr, count: Option<&mut Count>) -> (lone_status, Value) {
+    let (cb, user): (lone_text_fn, *mut c_void) = match count {
+        Some(c) => (Some(collect), (c as *mut Count).cast()),
+        None => (None, null_mut()),
+    };
+    let mut out = null_mut();
+    let st = unsafe { lone_chat(m.0, req.as_ptr(), cb, user, &mut out) };
+    let v = if out.is_null() {
+        Value::Null
+    } else {
+        serde_json::from_str(&take(out)).unwrap()
+    };
+    (st, v)
+}
+
+/// `lone_seq_generate` on `s` with `params`, streaming into `count`: its status and text.
+fn generate_into(s: &Seq, params: &CStr, count: &mut Count) -> (lone_status, String) {
+    let mut out = null_mut();
+    let st = unsafe {
+        lone_seq_generate(
+            s.0,
+            params.as_ptr(),
+            Some(collect),
+            (count as *mut Count).cast(),
+            &mut out,
+        )
+    };
+    let text = if out.is_null() {
+        String::new()
+    } else {
+        take(out)
+    };
+    (st, text)
+}
+
 unsafe extern "C" fn collect(piece: *const c_char, len: usize, user: *mut c_void) -> bool {
     // SAFETY: `user` is the &mut Count the test passed; piece has len bytes.
     let c = unsafe { &mut *(user as *mut Count) };
@@ -323,26 +370,13 @@ fn a_callback_returning_false_stops_generation() {
     let m = Model::open();
     let prompt = m.tokenize("Count: one, two, three,");
     let s = Seq::new(&m, &prompt);
-    let mut count = Count {
-        calls: 0,
-        stop_after: 2,
-        text: String::new(),
-    };
+    let mut count = Count::new(2);
     let params = c"{\"max_tokens\": 64, \"temperature\": 0, \"ignore_eos\": true}";
-    let mut out = null_mut();
-    let st = unsafe {
-        lone_seq_generate(
-            s.0,
-            params.as_ptr(),
-            Some(collect),
-            (&mut count as *mut Count).cast(),
-            &mut out,
-        )
-    };
+    let (st, out) = generate_into(&s, params, &mut count);
     assert_eq!(st, lone_status::LONE_ERR_CANCELLED, "{}", last_error());
     assert!(last_error().contains("callback"), "{}", last_error());
     assert_eq!(count.calls, 2);
-    assert_eq!(take(out), count.text);
+    assert_eq!(out, count.text);
     let added = s.tokens().len() - prompt.len();
     assert!(
         (2..64).contains(&added),
@@ -352,21 +386,9 @@ fn a_callback_returning_false_stops_generation() {
     // Streaming a whole generation gives the text the plain call gives.
     let a = Seq::new(&m, &prompt);
     let mut b = Seq::new(&m, &prompt);
-    let mut count = Count {
-        calls: 0,
-        stop_after: usize::MAX,
-        text: String::new(),
-    };
+    let mut count = Count::new(usize::MAX);
     let p = c"{\"max_tokens\": 12, \"temperature\": 0}";
-    let st = unsafe {
-        lone_seq_generate(
-            a.0,
-            p.as_ptr(),
-            Some(collect),
-            (&mut count as *mut Count).cast(),
-            null_mut(),
-        )
-    };
+    let (st, _) = generate_into(&a, p, &mut count);
     assert_eq!(st, lone_status::LONE_OK, "{}", last_error());
     assert_eq!(
         count.text,
@@ -376,23 +398,9 @@ fn a_callback_returning_false_stops_generation() {
 
     // A chat stopped by its callback: the response so far, no finish reason.
     let req = c"{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}],\"max_tokens\":64,\"temperature\":0}";
-    let mut count = Count {
-        calls: 0,
-        stop_after: 1,
-        text: String::new(),
-    };
-    let mut out = null_mut();
-    let st = unsafe {
-        lone_chat(
-            m.0,
-            req.as_ptr(),
-            Some(collect),
-            (&mut count as *mut Count).cast(),
-            &mut out,
-        )
-    };
+    let mut count = Count::new(1);
+    let (st, r) = chat(&m, req, Some(&mut count));
     assert_eq!(st, lone_status::LONE_ERR_CANCELLED, "{}", last_error());
-    let r: Value = serde_json::from_str(&take(out)).unwrap();
     assert_eq!(r["choices"][0]["message"]["content"], count.text.as_str());
     assert!(r["choices"][0]["finish_reason"].is_null());
 }
@@ -401,27 +409,11 @@ fn a_callback_returning_false_stops_generation() {
 fn streamed_and_whole_chats_agree() {
     let m = Model::open();
     let req = c"{\"messages\":[{\"role\":\"user\",\"content\":\"What is 2 + 2?\"}],\"max_tokens\":16,\"temperature\":0}";
-    let mut whole = null_mut();
-    let st = unsafe { lone_chat(m.0, req.as_ptr(), None, null_mut(), &mut whole) };
+    let (st, whole) = chat(&m, req, None);
     assert_eq!(st, lone_status::LONE_OK, "{}", last_error());
-    let whole: Value = serde_json::from_str(&take(whole)).unwrap();
-    let mut count = Count {
-        calls: 0,
-        stop_after: usize::MAX,
-        text: String::new(),
-    };
-    let mut streamed = null_mut();
-    let st = unsafe {
-        lone_chat(
-            m.0,
-            req.as_ptr(),
-            Some(collect),
-            (&mut count as *mut Count).cast(),
-            &mut streamed,
-        )
-    };
+    let mut count = Count::new(usize::MAX);
+    let (st, streamed) = chat(&m, req, Some(&mut count));
     assert_eq!(st, lone_status::LONE_OK, "{}", last_error());
-    let streamed: Value = serde_json::from_str(&take(streamed)).unwrap();
     for r in [&whole, &streamed] {
         assert_eq!(r["object"], "chat.completion");
     }

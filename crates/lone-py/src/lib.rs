@@ -53,8 +53,17 @@ fn parse_json(py: Python<'_>, s: &str) -> PyResult<Value> {
     serde_json::from_str(s).map_err(|e| any_err(py, format!("bad JSON from the wrapper: {e}")))
 }
 
-fn serve_args(py: Python<'_>, flags: Vec<String>) -> PyResult<ServeArgs> {
-    local::serve_args(flags).map_err(|e| any_err(py, e))
+/// `lone serve`'s `flags` with the per-model `mode` and `cache_type`.
+fn serve_args(
+    py: Python<'_>,
+    flags: Vec<String>,
+    mode: Option<&str>,
+    cache_type: Option<&str>,
+) -> PyResult<ServeArgs> {
+    let mut a = local::serve_args(flags).map_err(|e| any_err(py, e))?;
+    a.mode = parse_mode(mode)?;
+    a.cache_type = parse_cache_type(cache_type)?;
+    Ok(a)
 }
 
 fn parse_mode(mode: Option<&str>) -> PyResult<Option<lone_core::kernels::Mode>> {
@@ -107,9 +116,7 @@ impl NativeModel {
         mode: Option<&str>,
         cache_type: Option<&str>,
     ) -> PyResult<Self> {
-        let mut a = serve_args(py, flags)?;
-        a.mode = parse_mode(mode)?;
-        a.cache_type = parse_cache_type(cache_type)?;
+        let a = serve_args(py, flags, mode, cache_type)?;
         let local = py
             .detach(|| Local::open(&a))
             .map_err(|e| any_err(py, report(&e)))?;
@@ -256,9 +263,7 @@ impl NativeServer {
         mode: Option<&str>,
         cache_type: Option<&str>,
     ) -> PyResult<Self> {
-        let mut a = serve_args(py, flags)?;
-        a.mode = parse_mode(mode)?;
-        a.cache_type = parse_cache_type(cache_type)?;
+        let a = serve_args(py, flags, mode, cache_type)?;
         let bg = py
             .detach(|| Background::start(a))
             .map_err(|e| any_err(py, report(&e)))?;
