@@ -58,7 +58,7 @@ fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
         ("qwen2", "model-q8_0.gguf"),
         ("lfm3", "model-f32.gguf"),
         ("lfm2_moe", "model-q4_0.gguf"),
-        // IQ4_NL and IQ4_XS (exact kernels in every mode).
+        // IQ4_XS (its 8-bit kernels on x86, exact ones on aarch64).
         ("llama", "model-iq4_xs.gguf"),
     ] {
         let path = fixture(fam, file);

@@ -44,6 +44,8 @@ fn fast_mode_stays_close_to_exact_mode() {
         ("llama", "q8_0"),
         ("llama", "q4_0"),
         ("llama", "q4_k"),
+        ("llama", "iq4_nl"),
+        ("llama", "iq4_xs"),
         ("qwen2", "q8_0"),
         ("qwen3", "q8_0"),
         ("lfm2_a", "q8_0"),
@@ -101,7 +103,7 @@ fn fast_mode_stays_close_to_exact_mode() {
         assert!(max_rel < 0.1, "{name} {kind}: |Δ|/range {max_rel}");
         checked += 1;
     }
-    assert_eq!(checked, 7);
+    assert_eq!(checked, 9);
 }
 
 /// Greedy decode of `steps` tokens after `prompt`, one decode row per step: each step's

@@ -379,12 +379,13 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
-    // The i-quants: exact kernels only for now (no 8-bit ones: every mode takes them exactly).
-    weight_format!(IQ4NL, None, exact: exact_iq4_nl, deq: Some(both!(deq_iq4_nl, DeqFn)),
-        fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)), fast: None,
+    // The i-quants: 8-bit kernels on x86 (32-element blocks of signed levels against Q8_1
+    // activations, row by row); exact kernels only on aarch64 so far.
+    weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl, deq: Some(both!(deq_iq4_nl, DeqFn)),
+        fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)), fast: Some(all3!(iq4_nl, packed: false)),
         arm: iq4_nl),
-    weight_format!(IQ4XS, None, exact: exact_iq4_xs, deq: Some(both!(deq_iq4_xs, DeqFn)),
-        fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)), fast: None,
+    weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs, deq: Some(both!(deq_iq4_xs, DeqFn)),
+        fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)), fast: Some(all3!(iq4_xs, packed: false)),
         arm: iq4_xs),
 ];
 

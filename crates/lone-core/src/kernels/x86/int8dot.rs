@@ -123,6 +123,12 @@ pub(in crate::kernels) trait LegacyW {
     /// The min as a multiple of d when there is no stored one (the zero point, negated).
     const ZERO: f32 = 0.0;
     unsafe fn decode(p: *const u8) -> (__m256i, f32, f32);
+    /// Block `b` (of 32 elements) of the row at `w`: formats whose blocks share a
+    /// super-block's fields (IQ4_XS) read them there.
+    #[inline(always)]
+    unsafe fn decode_at(w: *const u8, b: usize) -> (__m256i, f32, f32) {
+        Self::decode(w.add(b * Self::BB))
+    }
 }
 pub(in crate::kernels) struct WQ4_0;
 pub(in crate::kernels) struct WQ4_1;
@@ -216,7 +222,7 @@ pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usi
 ) {
     // Q8_1 blocks: d, s, qs at 4 (36 bytes); signed weights read only d and qs.
     let (xbb, xq) = (36, 4);
-    let (q, dw, mw) = W::decode(w.add(b * W::BB));
+    let (q, dw, mw) = W::decode_at(w, b);
     let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
     for t in 0..NX {
         let xb = xs[t].add(b * xbb);

@@ -196,6 +196,8 @@ macro_rules! fast_entries {
         entry!(q4_k_x8, $features, q4k_x8::<$D>);
         entry!(q5_k, $features, q45k_rows::<$D, true>);
         entry!(q6_k, $features, q6k_rows::<$D>);
+        entry!(iq4_nl, $features, legacy_rows::<$D, WIQ4NL>);
+        entry!(iq4_xs, $features, legacy_rows::<$D, WIQ4XS>);
     };
 }
 
