@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The aarch64 wheel under qemu: cross-build it (scripts/build-wheel.sh with TARGET=aarch64),
 # fetch Debian's arm64 CPython 3.11 (its .debs unpacked into a cache folder: it cannot be
-# installed beside the host's), unpack the wheel as pip would, and run
+# installed beside the host's), pip-install the wheel for it, and run
 # tests/python/aarch64_smoke.py with it on qemu's cortex-a76 class: the module imports, the
 # `lone` command answers, and two tiny fixtures' f32 paths equal transformers'.
 set -euo pipefail
@@ -20,9 +20,12 @@ if [ ! -x "$py/usr/bin/python3.11" ]; then
   for d in "$py.debs"/*.deb; do dpkg -x "$d" "$py"; done
   rm -rf "$py.debs"
 fi
+# pip installs the wheel for the arm64 interpreter (its tags checked: manylinux aarch64,
+# abi3 for CPython 3.11); Debian's minimal arm64 Python has no pip of its own.
 site="$work/site"
-mkdir -p "$site"
-python3 -m zipfile -e "$work"/dist/lone-*aarch64*.whl "$site"
+python3 -m pip install -q --disable-pip-version-check --no-deps --target "$site" \
+  --platform manylinux_2_34_aarch64 --python-version 3.11 --implementation cp \
+  --only-binary=:all: "$work"/dist/lone-*aarch64*.whl
 # As in scripts/test-aarch64.sh: Debian's multiarch arm64 glibc when it is there.
 if [ -e /lib/ld-linux-aarch64.so.1 ]; then sysroot=/; else sysroot=/usr/aarch64-linux-gnu; fi
 libs="$py/lib/aarch64-linux-gnu:$py/usr/lib/aarch64-linux-gnu"
