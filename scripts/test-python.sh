@@ -9,7 +9,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/lone-py.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 scripts/build-wheel.sh "$work/dist" >&2
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q "$work"/dist/lone-*.whl pytest numpy jsonschema openai httpx
+"$work/venv/bin/pip" install -q "$work"/dist/lone-*.whl pytest pytest-timeout numpy jsonschema openai httpx
 cd "$work"
-"$work/venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/tests/python" \
+# A hang (a deadlock) fails its test after 5 minutes instead of stalling CI.
+"$work/venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 --rootdir "$root/tests/python" \
   "$root/tests/python" "$@"

@@ -216,6 +216,28 @@ def test_threads_share_one_model(smol):
     assert got == alone
 
 
+def test_many_threads_calling_at_once_never_deadlock(smol):
+    """Short calls from many threads at once (each takes the model's handle and releases the
+    GIL): none may wait for the GIL while holding what another thread needs to return."""
+    errors = []
+
+    def run(i):
+        try:
+            for _ in range(300):
+                assert smol.tokenize(f"thread {i}") == smol.tokenize(f"thread {i}")
+            smol.generate(f"Thread {i} says", max_tokens=2)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in ts), "threads still running: a deadlock"
+    assert not errors, errors
+
+
 def test_two_models_in_one_process(smol):
     d = FIX / "qwen2"
     ids = json.loads((d / "prompt_ids.json").read_text())

@@ -4,7 +4,7 @@
 //! answers their JSON, so the Python API and `lone serve` share templates, tool calls,
 //! constraints, sampling and validation. Every call that computes releases the GIL.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lone::cli::report;
@@ -78,10 +78,12 @@ fn parse_cache_type(t: Option<&str>) -> PyResult<Option<lone_core::cache::KvType
     .transpose()
 }
 
-/// A loaded model and its engine.
+/// A loaded model and its engine. The lock is held only to clone or take the `Arc` (never
+/// while the GIL is released: a thread waiting for it with the GIL would deadlock one that
+/// needs the GIL back); a call in flight keeps the model alive through its clone.
 #[pyclass(module = "lone._lone", frozen)]
 struct NativeModel {
-    local: Mutex<Option<Local>>,
+    local: Mutex<Option<Arc<Local>>>,
 }
 
 impl NativeModel {
@@ -93,14 +95,19 @@ impl NativeModel {
     where
         T: Send,
     {
-        let g = self
+        let local = self
             .local
             .lock()
-            .map_err(|_| any_err(py, "the model's lock is poisoned"))?;
-        let local = g
-            .as_ref()
+            .map_err(|_| any_err(py, "the model's lock is poisoned"))?
+            .clone()
             .ok_or_else(|| any_err(py, "the model is closed"))?;
-        py.detach(|| f(local)).map_err(|e| api_err(py, e))
+        // The clone is dropped without the GIL too: the last one stops the engine thread.
+        py.detach(move || {
+            let r = f(&local);
+            drop(local);
+            r
+        })
+        .map_err(|e| api_err(py, e))
     }
 }
 
@@ -121,7 +128,7 @@ impl NativeModel {
             .detach(|| Local::open(&a))
             .map_err(|e| any_err(py, report(&e)))?;
         Ok(NativeModel {
-            local: Mutex::new(Some(local)),
+            local: Mutex::new(Some(Arc::new(local))),
         })
     }
 
@@ -212,36 +219,29 @@ impl NativeRequest {
     /// The next thing the request has, waiting at most `wait_ms`: `("wait", None)`,
     /// `("chunk", json)`, `("response", json)` or `("end", None)`.
     fn next(&self, py: Python<'_>, wait_ms: u64) -> PyResult<(&'static str, Option<String>)> {
-        let mut g = self
-            .req
-            .lock()
-            .map_err(|_| any_err(py, "the request's lock is poisoned"))?;
-        let Some(req) = g.as_mut() else {
-            return Ok(("end", None));
-        };
-        let step = py.detach(|| req.next(Duration::from_millis(wait_ms)));
+        // The lock is taken with the GIL released (see `NativeModel`).
+        let step = py.detach(|| {
+            let mut g = self.req.lock().ok()?;
+            let req = g.as_mut()?;
+            let step = req.next(Duration::from_millis(wait_ms));
+            if !matches!(step, Ok(Step::Wait | Step::Chunk(_))) {
+                *g = None;
+            }
+            Some(step)
+        });
         match step {
-            Ok(Step::Wait) => Ok(("wait", None)),
-            Ok(Step::Chunk(c)) => Ok(("chunk", Some(c.to_string()))),
-            Ok(Step::Response(r)) => {
-                *g = None;
-                Ok(("response", Some(r.to_string())))
-            }
-            Ok(Step::End) => {
-                *g = None;
-                Ok(("end", None))
-            }
-            Err(e) => {
-                *g = None;
-                Err(api_err(py, e))
-            }
+            None => Ok(("end", None)),
+            Some(Ok(Step::Wait)) => Ok(("wait", None)),
+            Some(Ok(Step::Chunk(c))) => Ok(("chunk", Some(c.to_string()))),
+            Some(Ok(Step::Response(r))) => Ok(("response", Some(r.to_string()))),
+            Some(Ok(Step::End)) => Ok(("end", None)),
+            Some(Err(e)) => Err(api_err(py, e)),
         }
     }
 
     /// Stop generating (the sequences are cancelled; nothing more comes).
     fn cancel(&self, py: Python<'_>) {
-        let taken = self.req.lock().ok().and_then(|mut g| g.take());
-        py.detach(move || drop(taken));
+        py.detach(|| drop(self.req.lock().ok().and_then(|mut g| g.take())));
     }
 }
 
