@@ -23,7 +23,7 @@ fi
 # pip installs the wheel for the arm64 interpreter (its tags checked: manylinux aarch64,
 # abi3 for CPython 3.11); Debian's minimal arm64 Python has no pip of its own.
 site="$work/site"
-python3 -m pip install -q --disable-pip-version-check --no-deps --target "$site" \
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target "$site" \
   --platform manylinux_2_34_aarch64 --python-version 3.11 --implementation cp \
   --only-binary=:all: "$work"/dist/lone-*aarch64*.whl
 # As in scripts/test-aarch64.sh: Debian's multiarch arm64 glibc when it is there.
