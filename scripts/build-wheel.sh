@@ -12,6 +12,9 @@ if [ ! -x "$tools/bin/maturin" ]; then
   python3 -m venv "$tools"
   "$tools/bin/pip" install -q 'maturin>=1.5,<2'
 fi
+# The wheel is stripped (pyproject.toml): build it without the release profile's debug info,
+# which would only cost compile and link time.
+export CARGO_PROFILE_RELEASE_DEBUG=false
 case "${TARGET:-native}" in
   native)
     "$tools/bin/maturin" build --release -m crates/lone-py/Cargo.toml -o "$out"

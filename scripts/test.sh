@@ -5,14 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-default-model.sh
-cargo test --workspace --release 2>&1
+# Everything is built once, with the workspace's features: the command, liblone (the C API's
+# example links it), the Python module; the tests below reuse these builds (`-p` would resolve
+# other features and build the crates again).
+cargo build --workspace --release 2>&1
+LONE_CAPI_LIB_DIR=$PWD/target/release cargo test --workspace --release 2>&1
 # The model-level tests again on the other kernel families this CPU has (the kernel unit tests
 # already cover every family; this catches the paths that only a whole model exercises).
 isas="avx2 scalar"
 # AVX-VNNI (Intel since Alder Lake, Zen 5) is its own family of 8-bit kernels.
 if grep -qw avx_vnni /proc/cpuinfo 2>/dev/null; then isas="avxvnni $isas"; fi
 for isa in $isas; do
-  LONE_ISA=$isa cargo test --release -p lone-core --test parity --test cache --test lfm3_gguf \
+  LONE_ISA=$isa cargo test --workspace --release --test parity --test cache --test lfm3_gguf \
     --test smollm2 --test sharded --test batch_invariance --test packed_memory --test speculative 2>&1
 done
 # The aarch64 suite under qemu: the kernels and the parity tests on the ARMv8.0, dotprod and

@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python3 -m pip install -q openai pytest jsonschema pydantic langchain-openai ollama anthropic
-cargo build --release -p lone
+# The workspace's feature set, as scripts/test.sh builds it (so nothing is built twice).
+cargo build --release --workspace
 python3 -m pytest -q tests/serve "$@"

@@ -29,6 +29,17 @@ fn default_model() -> PathBuf {
 /// that copied only the test binary), the library is built with `$CARGO` into a target
 /// directory of its own, so as not to wait on the lock of the cargo running this test.
 fn library_dir() -> PathBuf {
+    // A caller that has just built the workspace (scripts/test.sh: `cargo build --workspace
+    // --release`) names the folder holding the library it built.
+    if let Some(dir) = std::env::var_os("LONE_CAPI_LIB_DIR") {
+        let dir = PathBuf::from(dir);
+        assert!(
+            dir.join("liblone.so").is_file(),
+            "LONE_CAPI_LIB_DIR={} holds no liblone.so",
+            dir.display()
+        );
+        return dir;
+    }
     let exe = std::env::current_exe().expect("cannot find the test binary");
     let deps = exe.parent().expect("the test binary has no directory");
     if deps.join("liblone.so").is_file() {
