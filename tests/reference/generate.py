@@ -108,6 +108,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -720,9 +721,17 @@ def run_gguf(name: str, meta: dict) -> None:
 # llama-quantize's files per fixture: (llama-quantize type, file name). IQ4_NL/IQ4_XS: the
 # i-quants lone reads; IQ4_XS's 256-element blocks fit only llama's ffn_down rows (FFN 256),
 # the 64-wide rows fall back to IQ4_NL (llama-quantize's fallback), so that file holds both.
+# The codebook i-quants and ternary types: `--pure` (so that ffn_down is the named type
+# rather than llama-quantize's mix for it), with an importance matrix (required by IQ1/IQ2)
+# that llama-imatrix computes from IMATRIX_TEXT on the fixture itself (`imatrix.gguf`).
+# (llama-quantize's IQ2_S mix is IQ2_XS at its base; its IQ2_M's base is IQ2_S.)
+PURE_IQ = tuple((q, f"model-{t.lower()}.gguf", "--pure", "--imatrix")
+                for q, t in (("IQ2_XXS", "IQ2_XXS"), ("IQ2_XS", "IQ2_XS"), ("IQ2_M", "IQ2_S"),
+                             ("IQ3_XXS", "IQ3_XXS"), ("IQ3_S", "IQ3_S"), ("IQ1_S", "IQ1_S"),
+                             ("IQ1_M", "IQ1_M"), ("TQ1_0", "TQ1_0"), ("TQ2_0", "TQ2_0")))
 QUANTIZED = {
     "llama": (("Q4_0", "model-q4_0.gguf"), ("Q4_K_M", "model-q4_k.gguf"),
-              ("IQ4_NL", "model-iq4_nl.gguf"), ("IQ4_XS", "model-iq4_xs.gguf")),
+              ("IQ4_NL", "model-iq4_nl.gguf"), ("IQ4_XS", "model-iq4_xs.gguf")) + PURE_IQ,
     "lfm2_moe": (("Q4_0", "model-q4_0.gguf"),),
 }
 
@@ -740,8 +749,17 @@ def quantize_ggufs(name: str, meta: dict, todo) -> None:
         meta["quantize"] = "skipped: llama-quantize binary not found"
         print(f"[{name}] llama-quantize not found, skipping {', '.join(t for t, _ in todo)}", file=sys.stderr)
         return
-    for qt, fname in todo:
-        r = subprocess.run([str(q), str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
+    for qt, fname, *flags in todo:
+        args = [a for a in flags if a != "--imatrix"]
+        if "--imatrix" in flags:
+            tool = next((c for c in (q.parent / "llama-imatrix",
+                                     LLAMA_CPP_BIN.parent / "build" / "bin" / "llama-imatrix")
+                         if c.is_file()), None)
+            if tool is None:
+                print(f"[{name}] llama-imatrix not found, skipping {qt}", file=sys.stderr)
+                continue
+            args += ["--imatrix", str(imatrix_for(name, tool))]
+        r = subprocess.run([str(q), *args, str(out / "model-f32.gguf"), str(out / fname), qt, "1"],
                            capture_output=True, text=True)
         if r.returncode != 0:
             meta.setdefault("quantize_errors", {})[fname] = r.stderr[-2000:]
@@ -754,6 +772,26 @@ def quantize_ggufs(name: str, meta: dict, todo) -> None:
             meta["gguf"][fname]["iq_dequant_sha256"] = iq
 
 
+IMATRIX_TEXT = """The quick brown fox jumps over the lazy dog. A small model runs on a phone, a laptop
+or a Raspberry Pi; it reads a prompt, looks at its cache and writes one token at a time.
+Importance matrices weigh each column of a weight by how large the activations that meet it
+are, so that the quantizer spends its few levels where the products are largest. 1 2 3 4 5
+6 7 8 9 10. What is 2 + 2? Four. Where is Paris? In France. def add(a, b): return a + b
+""" * 8
+
+
+def imatrix_for(name: str, tool: Path) -> Path:
+    """The fixture's importance matrix (made once by llama-imatrix from IMATRIX_TEXT)."""
+    out = FIXTURES / name / "imatrix.gguf"
+    if not out.exists():
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(IMATRIX_TEXT)
+            f.flush()
+            subprocess.run([str(tool), "-m", str(FIXTURES / name / "model-f32.gguf"), "-f", f.name,
+                            "-o", str(out), "-c", "64", "-t", "2"], check=True, capture_output=True)
+    return out
+
+
 def iq_dequant_digests(path: Path) -> dict:
     """SHA-256 of gguf-py's dequantization (f32, little endian, row-major) of every i-quant
     tensor of a GGUF: lone's dequantization of each must hash the same (bit for bit)."""
@@ -764,7 +802,7 @@ def iq_dequant_digests(path: Path) -> dict:
     gguf = _import_gguf()
     out = {}
     for t in gguf.GGUFReader(str(path)).tensors:
-        if t.tensor_type.name.startswith("IQ"):
+        if t.tensor_type.name.startswith(("IQ", "TQ")):
             deq = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype="<f4")
             out[t.name] = hashlib.sha256(np.ascontiguousarray(deq).tobytes()).hexdigest()
     return out
@@ -1103,7 +1141,7 @@ def main(argv: list[str]) -> None:
         # named types (llama-quantize type names; default all of QUANTIZED[name]), and record
         # them in meta.json. Their references: --gguf-refs-only NAME.
         name, types = argv[1], argv[2:]
-        todo = [(t, f) for t, f in QUANTIZED[name] if not types or t in types]
+        todo = [e for e in QUANTIZED[name] if not types or e[0] in types]
         meta_path = FIXTURES / name / "meta.json"
         meta = json.loads(meta_path.read_text())
         quantize_ggufs(name, meta, todo)

@@ -262,10 +262,13 @@ macro_rules! family {
 
 // GGUF sanity bounds: max |Δlogit| vs the f32 reference (logits of magnitude ~3.5), i.e. what
 // the format's rounding does, measured by generate.py: f16 (2^-11 relative) <= 0.011, bf16
-// (2^-8) <= 0.11, Q8_0 <= 0.3, Q4_0 1.44, Q4_K_M 0.66, IQ4_NL 1.14, IQ4_XS 1.21. The exact
-// check is always 1e-4.
+// (2^-8) <= 0.11, Q8_0 <= 0.3, Q4_0 1.44, Q4_K_M 0.66, IQ4_NL 1.14, IQ4_XS 1.21; the
+// codebook i-quants on ffn_down (IQ4_NL elsewhere) IQ3_S 1.33, IQ3_XXS 1.52, IQ2_S 1.55,
+// IQ2_XXS 1.79, IQ2_XS 2.08, IQ1_S 2.46, IQ1_M 2.78; the ternary types 4.01. The exact check
+// is always 1e-4.
 family!(llama, "llama", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4, q4_0 = 2.0, q4_k = 1.0,
-    iq4_nl = 1.6, iq4_xs = 1.6]);
+    iq4_nl = 1.6, iq4_xs = 1.6, iq3_s = 2.0, iq3_xxs = 2.0, iq2_s = 2.0, iq2_xxs = 2.5,
+    iq2_xs = 2.5, iq1_s = 3.0, iq1_m = 3.5, tq1_0 = 5.0, tq2_0 = 5.0]);
 family!(qwen2, "qwen2", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(qwen3, "qwen3", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);
 family!(lfm2_a, "lfm2_a", ggufs: [f32 = 1e-4, f16 = 0.02, bf16 = 0.15, q8_0 = 0.4]);

@@ -281,12 +281,12 @@ fn length_errors_are_reported_not_panicked() {
     assert!(e.to_string().contains("Q4_K"), "{e}");
 }
 
-/// Every i-quant tensor llama-quantize wrote into the llama fixture's IQ4 GGUFs, read and
+/// Every i-quant tensor llama-quantize wrote into the llama fixture's i-quant GGUFs, read and
 /// dequantized by lone, is bit for bit gguf-py's dequantization of it: the SHA-256 of the f32
 /// values (little endian, row-major) that `tests/reference/generate.py` recorded in meta.json
 /// (`iq_dequant_sha256`), for each tensor of the file whose type is an i-quant.
 #[test]
-fn iq4_files_dequantize_as_gguf_py_does() {
+fn iq_files_dequantize_as_gguf_py_does() {
     use lone_core::loader::gguf::GgufFile;
     use sha2::{Digest, Sha256};
 
@@ -294,15 +294,24 @@ fn iq4_files_dequantize_as_gguf_py_does() {
     let meta: Value =
         serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
     let mut seen = std::collections::HashSet::new();
-    for file in ["model-iq4_nl.gguf", "model-iq4_xs.gguf"] {
+    let files = [
+        "model-iq4_nl.gguf",
+        "model-iq4_xs.gguf",
+        "model-iq2_xxs.gguf",
+        "model-iq2_xs.gguf",
+        "model-iq2_s.gguf",
+        "model-iq3_xxs.gguf",
+        "model-iq3_s.gguf",
+        "model-iq1_s.gguf",
+        "model-iq1_m.gguf",
+        "model-tq1_0.gguf",
+        "model-tq2_0.gguf",
+    ];
+    for file in files {
         let want = meta["gguf"][file]["iq_dequant_sha256"].as_object().unwrap();
         let types = meta["gguf"][file]["tensors"].as_object().unwrap();
         let g = GgufFile::open(dir.join(file)).unwrap();
-        let iq: Vec<_> = g
-            .tensors
-            .iter()
-            .filter(|t| matches!(t.dtype, DType::IQ4NL | DType::IQ4XS))
-            .collect();
+        let iq: Vec<_> = g.tensors.iter().filter(|t| t.dtype.is_iquant()).collect();
         assert_eq!(iq.len(), want.len(), "{file}: i-quant tensors");
         for info in iq {
             // gguf-py's name of the tensor's type.
@@ -324,5 +333,10 @@ fn iq4_files_dequantize_as_gguf_py_does() {
             seen.insert(info.dtype);
         }
     }
-    assert_eq!(seen.len(), 2, "both formats: {seen:?}");
+    let all: Vec<DType> = DType::ALL.into_iter().filter(|d| d.is_iquant()).collect();
+    assert_eq!(
+        seen.len(),
+        all.len(),
+        "every i-quant and ternary format: {seen:?}"
+    );
 }

@@ -73,6 +73,15 @@ FORMATS = {
     "Q8_K": (15, 256, 292),
     "IQ4_NL": (20, 32, 18),
     "IQ4_XS": (23, 256, 136),
+    "IQ2_XXS": (16, 256, 66),
+    "IQ2_XS": (17, 256, 74),
+    "IQ3_XXS": (18, 256, 98),
+    "IQ1_S": (19, 256, 50),
+    "IQ3_S": (21, 256, 110),
+    "IQ2_S": (22, 256, 82),
+    "IQ1_M": (29, 256, 56),
+    "TQ1_0": (34, 256, 54),
+    "TQ2_0": (35, 256, 66),
 }
 
 GGUF_PY_QUANTIZE = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
@@ -159,6 +168,10 @@ def dequantize_q8_k(raw: np.ndarray) -> np.ndarray:
 # llama-quantize wrote into the llama fixture's GGUFs. Their own random generator, so the
 # cases above do not change when these do.
 IQ_SCALE_FIELDS = {"IQ4_NL": [0], "IQ4_XS": [0]}
+# The codebook i-quants and the ternary formats: where their f16 scale is. IQ1_M has none of
+# its own: its f16 is spread over the top nibbles of its four scale words (bytes 48..56).
+IQ_GRID_SCALE_FIELDS = {"IQ2_XXS": [0], "IQ2_XS": [0], "IQ3_XXS": [0], "IQ1_S": [0],
+                        "IQ3_S": [0], "IQ2_S": [0], "IQ1_M": [], "TQ1_0": [52], "TQ2_0": [64]}
 FIXTURES = OUT.parent / "fixtures"
 # (type, file, tensor, rows): the first rows of a tensor of that type in that file.
 IQ_FILE_CASES = [
@@ -199,9 +212,16 @@ def activation_like(rng: np.random.Generator, rows: int, n: int, block: int) -> 
 def random_kquant_blocks(rng: np.random.Generator, name: str, nblocks: int) -> np.ndarray:
     _, _, bb = FORMATS[name]
     raw = rng.integers(0, 256, size=(nblocks, bb), dtype=np.uint8)
-    for off in {**K_SCALE_FIELDS, **IQ_SCALE_FIELDS}[name]:
+    for off in {**K_SCALE_FIELDS, **IQ_SCALE_FIELDS, **IQ_GRID_SCALE_FIELDS}[name]:
         v = (rng.uniform(1e-4, 2e-2, nblocks) * rng.choice([-1, 1], nblocks)).astype(np.float16)
         raw[:, off : off + 2] = v.view(np.uint8).reshape(nblocks, 2)
+    if name == "IQ1_M":
+        v = (rng.uniform(1e-4, 2e-2, nblocks) * rng.choice([-1, 1], nblocks)).astype(np.float16)
+        bits = v.view(np.uint16).astype(np.uint32)
+        for i in range(4):
+            nib = (bits >> (4 * i)) & 0xF
+            hi = raw[:, 48 + 2 * i + 1].astype(np.uint32)
+            raw[:, 48 + 2 * i + 1] = ((hi & 0x0F) | (nib << 4)).astype(np.uint8)
     return raw.reshape(-1)
 
 
@@ -258,7 +278,7 @@ def make_case(rng: np.random.Generator, name: str, rows: int, n: int) -> dict:
         raw = src.reshape(-1).view(np.uint8)
         case["source"] = "f32 bytes"
         case["quantize"] = True
-    elif name in K_SCALE_FIELDS or name in IQ_SCALE_FIELDS:
+    elif name in K_SCALE_FIELDS or name in IQ_SCALE_FIELDS or name in IQ_GRID_SCALE_FIELDS:
         src = None
         raw = random_kquant_blocks(rng, name, rows * n // bs)
         case["source"] = "random blocks, finite f16 scales; dequantized by gguf-py"
@@ -447,7 +467,7 @@ def main() -> None:
     rng = np.random.default_rng(0x10E)
     cases = []
     for name, (_, bs, _) in FORMATS.items():
-        if name in IQ_SCALE_FIELDS:
+        if name in IQ_SCALE_FIELDS or name in IQ_GRID_SCALE_FIELDS:
             continue
         if bs == 1:
             shapes = [(3, 97), (5, 64)]
@@ -475,6 +495,14 @@ def main() -> None:
         cases.append(make_case(irng, name, 3, 3 * bs))
     for name, file, tensor, rows in IQ_FILE_CASES:
         cases.append(make_file_case(irng, name, file, tensor, rows))
+    grng = np.random.default_rng(0x112)
+    for name in IQ_GRID_SCALE_FIELDS:
+        # Enough blocks that every grid entry is likely drawn (IQ1's 2048 at 8 indices a
+        # 32-element group).
+        cases.append(make_case(grng, name, 4, 24 * QK_K))
+        # The first rows of the llama fixture's ffn_down, which llama-quantize wrote in it.
+        cases.append(make_file_case(grng, name, f"llama/model-{name.lower()}.gguf",
+                                    "blk.1.ffn_down.weight", 5))
 
     for old in OUT.glob("*.bin"):
         old.unlink()

@@ -16,6 +16,8 @@
 //! rounding of the accumulation (see its documentation).
 
 mod float;
+mod iq_tables;
+mod iqgrid;
 mod iquants;
 mod kquantize;
 mod kquants;
@@ -94,8 +96,8 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 ///
 /// Every format lone writes ([`DType::has_quantizer`]): F32, F16, BF16 (round to nearest
 /// even, like ggml's converters), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, and Q2_K..Q6_K
-/// (ggml's reference quantizers without an importance matrix). IQ4_NL and IQ4_XS are
-/// [`QuantError::NoQuantizer`].
+/// (ggml's reference quantizers without an importance matrix). The i-quants and ternary
+/// formats are [`QuantError::NoQuantizer`].
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     reference::quantize_row(dtype, src, dst)
 }

@@ -6,7 +6,7 @@
 //!   products in f32 (element order), and adds the block sums to an f32 total (block order).
 //!   Plain float formats are summed the same way in groups of 32 elements. No allocation.
 
-use super::{float, iquants, kquantize, kquants, legacy, QuantError};
+use super::{float, iqgrid, iquants, kquantize, kquants, legacy, QuantError};
 use crate::tensor::DType;
 
 /// Checks that `n` elements are whole blocks stored in exactly `bytes` bytes.
@@ -122,6 +122,15 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         DType::Q8K => deq_blocks(src, dst, kquants::dequant_q8_k),
         DType::IQ4NL => deq_blocks(src, dst, iquants::dequant_iq4_nl),
         DType::IQ4XS => deq_blocks(src, dst, iquants::dequant_iq4_xs),
+        DType::IQ2XXS => deq_blocks(src, dst, iqgrid::dequant_iq2_xxs),
+        DType::IQ2XS => deq_blocks(src, dst, iqgrid::dequant_iq2_xs),
+        DType::IQ3XXS => deq_blocks(src, dst, iqgrid::dequant_iq3_xxs),
+        DType::IQ1S => deq_blocks(src, dst, iqgrid::dequant_iq1_s),
+        DType::IQ3S => deq_blocks(src, dst, iqgrid::dequant_iq3_s),
+        DType::IQ2S => deq_blocks(src, dst, iqgrid::dequant_iq2_s),
+        DType::IQ1M => deq_blocks(src, dst, iqgrid::dequant_iq1_m),
+        DType::TQ1_0 => deq_blocks(src, dst, iqgrid::dequant_tq1_0),
+        DType::TQ2_0 => deq_blocks(src, dst, iqgrid::dequant_tq2_0),
     }
     Ok(())
 }
@@ -148,6 +157,15 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
         DType::Q8K => dot_blocks(w, x, kquants::dequant_q8_k),
         DType::IQ4NL => dot_blocks(w, x, iquants::dequant_iq4_nl),
         DType::IQ4XS => dot_blocks(w, x, iquants::dequant_iq4_xs),
+        DType::IQ2XXS => dot_blocks(w, x, iqgrid::dequant_iq2_xxs),
+        DType::IQ2XS => dot_blocks(w, x, iqgrid::dequant_iq2_xs),
+        DType::IQ3XXS => dot_blocks(w, x, iqgrid::dequant_iq3_xxs),
+        DType::IQ1S => dot_blocks(w, x, iqgrid::dequant_iq1_s),
+        DType::IQ3S => dot_blocks(w, x, iqgrid::dequant_iq3_s),
+        DType::IQ2S => dot_blocks(w, x, iqgrid::dequant_iq2_s),
+        DType::IQ1M => dot_blocks(w, x, iqgrid::dequant_iq1_m),
+        DType::TQ1_0 => dot_blocks(w, x, iqgrid::dequant_tq1_0),
+        DType::TQ2_0 => dot_blocks(w, x, iqgrid::dequant_tq2_0),
     })
 }
 
@@ -155,7 +173,6 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     check_row(dtype, src.len(), dst.len())?;
     match dtype {
-        DType::IQ4NL | DType::IQ4XS => return Err(QuantError::NoQuantizer { dtype }),
         DType::F32 => quant_blocks(src, dst, |x: &[f32; 1], b: &mut [u8; 4]| {
             *b = x[0].to_le_bytes()
         }),
@@ -177,6 +194,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         DType::Q4K => quant_blocks(src, dst, kquantize::quant_q4_k),
         DType::Q5K => quant_blocks(src, dst, kquantize::quant_q5_k),
         DType::Q6K => quant_blocks(src, dst, kquantize::quant_q6_k),
+        _ => return Err(QuantError::NoQuantizer { dtype }),
     }
     Ok(())
 }
@@ -354,6 +372,7 @@ mod tests {
                 DType::Q6K => b[208..210].copy_from_slice(&half(v)),
                 DType::Q8K => b[0..4].copy_from_slice(&v.to_le_bytes()),
                 DType::IQ4NL | DType::IQ4XS => b[0..2].copy_from_slice(&half(v)),
+                _ => assert!(super::super::iqgrid::set_scale(dtype, b, v), "{dtype}"),
             }
         }
     }

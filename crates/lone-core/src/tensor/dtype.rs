@@ -27,10 +27,28 @@ pub enum DType {
     /// IQ4_XS: 256 elements in 136 bytes, f16 `d`, u16 `scales_h`, 4 bytes `scales_l` (eight
     /// 6-bit sub-block scales) and 128 bytes of 4-bit indices, 16 per sub-block of 32.
     IQ4XS,
+    /// IQ2_XXS, 256 elements in 66 bytes: 2.06 bits: 8-element grid points (256), 7-bit sign patterns, 4-bit scales per 32.
+    IQ2XXS,
+    /// IQ2_XS, 256 elements in 74 bytes: 2.31 bits: 512 grid points, 7-bit signs, 4-bit scales per 16.
+    IQ2XS,
+    /// IQ3_XXS, 256 elements in 98 bytes: 3.06 bits: 4-element grid points (256), 7-bit signs, 4-bit scales per 32.
+    IQ3XXS,
+    /// IQ1_S, 256 elements in 50 bytes: 1.56 bits: 2048 ternary grid points with a ±1/8 offset, 3-bit scales per 32.
+    IQ1S,
+    /// IQ3_S, 256 elements in 110 bytes: 3.44 bits: 512 4-element grid points, 8 stored sign bits, 4-bit scales per 32.
+    IQ3S,
+    /// IQ2_S, 256 elements in 82 bytes: 2.56 bits: 1024 grid points, 8 stored sign bits, 4-bit scales per 16.
+    IQ2S,
+    /// IQ1_M, 256 elements in 56 bytes: 1.75 bits: IQ1_S's grid, offsets per 8, 3-bit scales per 16, no f16 field of its own.
+    IQ1M,
+    /// TQ1_0, 256 elements in 54 bytes: 1.69 bits: ternary (−1, 0, 1) × d, 5 trits per byte.
+    TQ1_0,
+    /// TQ2_0, 256 elements in 66 bytes: 2.06 bits: ternary (−1, 0, 1) × d, 2 bits each.
+    TQ2_0,
 }
 
 impl DType {
-    pub const ALL: [DType; 17] = [
+    pub const ALL: [DType; 26] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -48,6 +66,15 @@ impl DType {
         DType::Q8K,
         DType::IQ4NL,
         DType::IQ4XS,
+        DType::IQ2XXS,
+        DType::IQ2XS,
+        DType::IQ3XXS,
+        DType::IQ1S,
+        DType::IQ3S,
+        DType::IQ2S,
+        DType::IQ1M,
+        DType::TQ1_0,
+        DType::TQ2_0,
     ];
 
     /// Elements per block (1 for plain float formats).
@@ -67,7 +94,16 @@ impl DType {
             | DType::Q5K
             | DType::Q6K
             | DType::Q8K
-            | DType::IQ4XS => 256,
+            | DType::IQ4XS
+            | DType::IQ2XXS
+            | DType::IQ2XS
+            | DType::IQ2S
+            | DType::IQ3XXS
+            | DType::IQ3S
+            | DType::IQ1S
+            | DType::IQ1M
+            | DType::TQ1_0
+            | DType::TQ2_0 => 256,
         }
     }
 
@@ -90,6 +126,15 @@ impl DType {
             DType::Q8K => 292,
             DType::IQ4NL => 18,
             DType::IQ4XS => 136,
+            DType::IQ2XXS => 66,
+            DType::IQ2XS => 74,
+            DType::IQ3XXS => 98,
+            DType::IQ1S => 50,
+            DType::IQ3S => 110,
+            DType::IQ2S => 82,
+            DType::IQ1M => 56,
+            DType::TQ1_0 => 54,
+            DType::TQ2_0 => 66,
         }
     }
 
@@ -98,9 +143,27 @@ impl DType {
     }
 
     /// Whether lone can write the format (`quant::quantize_row`): every format but the
-    /// i-quants (IQ4_NL, IQ4_XS), which it reads only.
+    /// i-quants and the ternary formats, which it reads only.
     pub fn has_quantizer(self) -> bool {
-        !matches!(self, DType::IQ4NL | DType::IQ4XS)
+        !self.is_iquant()
+    }
+
+    /// The i-quants (IQ1_S … IQ4_XS) and the ternary formats (TQ1_0, TQ2_0).
+    pub fn is_iquant(self) -> bool {
+        matches!(
+            self,
+            DType::IQ4NL
+                | DType::IQ4XS
+                | DType::IQ2XXS
+                | DType::IQ2XS
+                | DType::IQ2S
+                | DType::IQ3XXS
+                | DType::IQ3S
+                | DType::IQ1S
+                | DType::IQ1M
+                | DType::TQ1_0
+                | DType::TQ2_0
+        )
     }
 
     /// Bytes needed for `n` elements, or None if `n` is not a whole number of blocks.
@@ -130,6 +193,15 @@ impl DType {
             DType::Q8K => 15,
             DType::IQ4NL => 20,
             DType::IQ4XS => 23,
+            DType::IQ2XXS => 16,
+            DType::IQ2XS => 17,
+            DType::IQ3XXS => 18,
+            DType::IQ1S => 19,
+            DType::IQ3S => 21,
+            DType::IQ2S => 22,
+            DType::IQ1M => 29,
+            DType::TQ1_0 => 34,
+            DType::TQ2_0 => 35,
             DType::BF16 => 30,
         }
     }
@@ -157,6 +229,15 @@ impl DType {
             DType::Q8K => "Q8_K",
             DType::IQ4NL => "IQ4_NL",
             DType::IQ4XS => "IQ4_XS",
+            DType::IQ2XXS => "IQ2_XXS",
+            DType::IQ2XS => "IQ2_XS",
+            DType::IQ3XXS => "IQ3_XXS",
+            DType::IQ1S => "IQ1_S",
+            DType::IQ3S => "IQ3_S",
+            DType::IQ2S => "IQ2_S",
+            DType::IQ1M => "IQ1_M",
+            DType::TQ1_0 => "TQ1_0",
+            DType::TQ2_0 => "TQ2_0",
         }
     }
 }
@@ -172,20 +253,11 @@ pub fn ggml_type_name(t: u32) -> String {
     match DType::from_ggml_type(t) {
         Some(d) => d.name().to_string(),
         None => match t {
-            16 => "IQ2_XXS".into(),
-            17 => "IQ2_XS".into(),
-            18 => "IQ3_XXS".into(),
-            19 => "IQ1_S".into(),
-            21 => "IQ3_S".into(),
-            22 => "IQ2_S".into(),
             24 => "I8".into(),
             25 => "I16".into(),
             26 => "I32".into(),
             27 => "I64".into(),
             28 => "F64".into(),
-            29 => "IQ1_M".into(),
-            34 => "TQ1_0".into(),
-            35 => "TQ2_0".into(),
             39 => "MXFP4".into(),
             _ => format!("type id {t}"),
         },
