@@ -60,6 +60,8 @@ fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
         ("lfm2_moe", "model-q4_0.gguf"),
         // IQ4_XS (its 8-bit kernels on x86, exact ones on aarch64).
         ("llama", "model-iq4_xs.gguf"),
+        // IQ2_XS: a codebook i-quant with two scales per 32 elements.
+        ("llama", "model-iq2_xs.gguf"),
     ] {
         let path = fixture(fam, file);
         let m = Model::load(&path).unwrap();

@@ -46,6 +46,15 @@ fn fast_mode_stays_close_to_exact_mode() {
         ("llama", "q4_k"),
         ("llama", "iq4_nl"),
         ("llama", "iq4_xs"),
+        ("llama", "iq3_s"),
+        ("llama", "iq3_xxs"),
+        ("llama", "iq2_xxs"),
+        ("llama", "iq2_xs"),
+        ("llama", "iq2_s"),
+        ("llama", "iq1_s"),
+        ("llama", "iq1_m"),
+        ("llama", "tq1_0"),
+        ("llama", "tq2_0"),
         ("qwen2", "q8_0"),
         ("qwen3", "q8_0"),
         ("lfm2_a", "q8_0"),
@@ -103,7 +112,7 @@ fn fast_mode_stays_close_to_exact_mode() {
         assert!(max_rel < 0.1, "{name} {kind}: |Δ|/range {max_rel}");
         checked += 1;
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 18);
 }
 
 /// Greedy decode of `steps` tokens after `prompt`, one decode row per step: each step's

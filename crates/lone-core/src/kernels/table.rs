@@ -340,6 +340,58 @@ macro_rules! weight_format {
     };
 }
 
+/// A format's bit-exact row dequantizer from the scalar reference: the f32 GEMM's `deq` on
+/// aarch64 for the codebook i-quants, which have no NEON kernels yet.
+#[cfg(target_arch = "aarch64")]
+macro_rules! reference_deq {
+    ($name:ident, $dtype:ident) => {{
+        /// # Safety
+        /// [`DeqFn`]'s contract.
+        unsafe fn $name(src: *const u8, dst: *mut f32, k: usize) {
+            let bytes = DType::$dtype
+                .bytes_for(k)
+                .expect("weight rows are whole blocks (checked by matmul)");
+            // SAFETY: the DeqFn contract: `bytes` bytes at `src`, `k` f32 at `dst`.
+            let (w, y) = unsafe {
+                (
+                    std::slice::from_raw_parts(src, bytes),
+                    std::slice::from_raw_parts_mut(dst, k),
+                )
+            };
+            quant::reference::dequantize_row(DType::$dtype, w, y)
+                .expect("weight rows are whole blocks (checked by matmul)");
+        }
+        $name as DeqFn
+    }};
+}
+
+/// A codebook i-quant or ternary format: on x86, sub-blocks of 32 decoded to signed codes
+/// with their scales (`x86::iqgrid`), multiplied against Q8_1 activations row by row (8-bit)
+/// or widened to f32 (exact, and the f32 GEMM's row dequantizer); the scalar reference on
+/// aarch64 for now.
+macro_rules! grid_format {
+    ($dtype:ident, $fast:ident, $exact:ident, $deq:ident) => {
+        Format {
+            dtype: DType::$dtype,
+            act: Some(DType::Q8_1),
+            #[cfg(target_arch = "x86_64")]
+            x86: X86Kernels {
+                exact: both!($exact, MatFn),
+                deq: Some(both!($deq, DeqFn)),
+                fac: None,
+                fast: Some(all3!($fast, packed: false)),
+            },
+            #[cfg(target_arch = "aarch64")]
+            arm: neon::ArmKernels {
+                exact: scalar_rows,
+                deq: Some(reference_deq!($deq, $dtype)),
+                fast: None,
+                pairs: [None; 2],
+            },
+        }
+    };
+}
+
 /// Every weight format lone multiplies (Q8_1 and Q8_K are activation formats only).
 pub(super) const FORMATS: &[Format] = &[
     weight_format!(F32, None, exact: f32, deq: None, fac: None, fast: None,
@@ -387,6 +439,15 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs, deq: Some(both!(deq_iq4_xs, DeqFn)),
         fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)), fast: Some(all3!(iq4_xs, packed: false)),
         arm: iq4_xs),
+    grid_format!(IQ2XXS, iq2_xxs, exact_iq2_xxs, deq_iq2_xxs),
+    grid_format!(IQ2XS, iq2_xs, exact_iq2_xs, deq_iq2_xs),
+    grid_format!(IQ2S, iq2_s, exact_iq2_s, deq_iq2_s),
+    grid_format!(IQ3XXS, iq3_xxs, exact_iq3_xxs, deq_iq3_xxs),
+    grid_format!(IQ3S, iq3_s, exact_iq3_s, deq_iq3_s),
+    grid_format!(IQ1S, iq1_s, exact_iq1_s, deq_iq1_s),
+    grid_format!(IQ1M, iq1_m, exact_iq1_m, deq_iq1_m),
+    grid_format!(TQ1_0, tq1_0, exact_tq1_0, deq_tq1_0),
+    grid_format!(TQ2_0, tq2_0, exact_tq2_0, deq_tq2_0),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].

@@ -5,7 +5,7 @@ use crate::quant::{dequantize_row, quantize_row};
 
 use crate::test_rng::Rng;
 
-const FORMATS: [DType; 15] = [
+const FORMATS: [DType; 24] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -21,6 +21,15 @@ const FORMATS: [DType; 15] = [
     DType::Q6K,
     DType::IQ4NL,
     DType::IQ4XS,
+    DType::IQ2XXS,
+    DType::IQ2XS,
+    DType::IQ2S,
+    DType::IQ3XXS,
+    DType::IQ3S,
+    DType::IQ1S,
+    DType::IQ1M,
+    DType::TQ1_0,
+    DType::TQ2_0,
 ];
 
 /// Random blocks with finite, moderate scales (the quant bytes stay random).
@@ -52,7 +61,10 @@ fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8>
             }
             DType::Q6K => b[208..210].copy_from_slice(&half(v)),
             DType::IQ4NL | DType::IQ4XS => b[0..2].copy_from_slice(&half(v)),
-            _ => unreachable!(),
+            _ => assert!(
+                crate::quant::reference_blocks::set_scale(dtype, b, v),
+                "{dtype}"
+            ),
         }
     }
     w
@@ -165,6 +177,15 @@ fn eight_bit_products_do_not_saturate() {
                     let keep = match dtype {
                         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4NL => 0..2,
                         DType::IQ4XS => 0..8,
+                        DType::IQ2XXS
+                        | DType::IQ2XS
+                        | DType::IQ2S
+                        | DType::IQ3XXS
+                        | DType::IQ3S
+                        | DType::IQ1S => 0..2,
+                        DType::IQ1M => 48..56,
+                        DType::TQ1_0 => 52..54,
+                        DType::TQ2_0 => 64..66,
                         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => 0..4,
                         DType::Q2K => 80..84,
                         DType::Q3K => 108..110,

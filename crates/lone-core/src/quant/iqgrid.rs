@@ -248,3 +248,54 @@ pub(crate) fn set_scale(dtype: crate::tensor::DType, b: &mut [u8], d: f32) -> bo
     b[off..off + 2].copy_from_slice(&h);
     true
 }
+
+/// The 8 sign bits of a byte as a byte mask per element (bit j set: byte j is 0xff).
+const fn byte_mask(bits: u8) -> u64 {
+    let mut m = 0u64;
+    let mut j = 0;
+    while j < 8 {
+        if bits & (1 << j) != 0 {
+            m |= 0xff << (8 * j);
+        }
+        j += 1;
+    }
+    m
+}
+
+/// [`byte_mask`] of every byte: IQ2_S's and IQ3_S's stored sign bytes as masks.
+pub(crate) static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = byte_mask(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// [`KSIGNS_IQ2XS`] as byte masks: entry i is the mask of `i` with bit 7 set when `i` has an
+/// odd number of bits (the table's rule, checked by a test against the table itself).
+pub(crate) static KSIGN_MASKS: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let parity = (i as u8).count_ones() as u8 & 1;
+        t[i] = byte_mask(i as u8 | (parity << 7));
+        i += 1;
+    }
+    t
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_masks_match_the_sign_table() {
+        for (i, &s) in KSIGNS_IQ2XS.iter().enumerate() {
+            assert_eq!(KSIGN_MASKS[i], SIGN_MASKS[usize::from(s)], "sign index {i}");
+            assert_eq!(s.count_ones() % 2, 0, "sign pattern {i} has even parity");
+        }
+        assert_eq!(SIGN_MASKS[0b1000_0001], 0xff00_0000_0000_00ff);
+    }
+}

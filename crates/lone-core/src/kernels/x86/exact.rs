@@ -57,10 +57,11 @@ pub(in crate::kernels) unsafe fn exact_rows<V: F32X, const BB: usize, const BS: 
     }
 }
 
-/// Exact mode for the 32-element formats, fully in SIMD: the block's quants are decoded to
-/// bytes (as the integer kernels do), widened to f32 and scaled exactly as the reference
-/// dequantizer does (`q·d`, or `q·d + m` as a separate multiply and add: bit-identical
-/// weights), then FMA'd with every f32 activation row.
+/// Exact mode for the 32-element formats (and the sub-blocks of the codebook i-quants),
+/// fully in SIMD: the block's quants are decoded to bytes (as the integer kernels do),
+/// widened to f32 and scaled exactly as the reference dequantizer does (`q·d`, or `q·d + m`
+/// as a separate multiply and add: bit-identical weights), then FMA'd with every f32
+/// activation row.
 #[inline(always)]
 pub(in crate::kernels) unsafe fn exact_legacy_rows_n<V: F32X, W: LegacyW, const NX: usize>(
     a: &MatArgs,
@@ -76,11 +77,12 @@ pub(in crate::kernels) unsafe fn exact_legacy_rows_n<V: F32X, W: LegacyW, const 
             if b % 2 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * W::BB + PREFETCH) as *const i8);
             }
-            let (q, d, m) = W::decode(w.add(b * W::BB));
+            let (q, d0, d1, m) = W::decode_split(w, b);
             _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
-            let (dv, mv) = (V::splat(d), V::splat(m));
+            let (dv0, dv1, mv) = (V::splat(d0), V::splat(d1), V::splat(m));
             let mut j = 0;
             while j < 32 {
+                let dv = if j < 16 { dv0 } else { dv1 };
                 let mut wv = V::mul(V::from_i8(qb.as_ptr().add(j)), dv);
                 if !W::SIGNED {
                     wv = V::add(wv, mv);

@@ -129,6 +129,15 @@ pub(in crate::kernels) trait LegacyW {
     unsafe fn decode_at(w: *const u8, b: usize) -> (__m256i, f32, f32) {
         Self::decode(w.add(b * Self::BB))
     }
+    /// The two halves of a block (16 elements each) have scales of their own (IQ2_XS,
+    /// IQ2_S, IQ1_M): [`LegacyW::decode_split`] gives them.
+    const SPLIT: bool = false;
+    /// Block `b` as (codes, scale of elements 0..16, scale of 16..32, min).
+    #[inline(always)]
+    unsafe fn decode_split(w: *const u8, b: usize) -> (__m256i, f32, f32, f32) {
+        let (q, d, m) = Self::decode_at(w, b);
+        (q, d, d, m)
+    }
 }
 pub(in crate::kernels) struct WQ4_0;
 pub(in crate::kernels) struct WQ4_1;
@@ -222,7 +231,14 @@ pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usi
 ) {
     // Q8_1 blocks: d, s, qs at 4 (36 bytes); signed weights read only d and qs.
     let (xbb, xq) = (36, 4);
-    let (q, dw, mw) = W::decode_at(w, b);
+    let (q, dw, dhi, mw) = if W::SPLIT {
+        W::decode_split(w, b)
+    } else {
+        let (q, d, m) = W::decode_at(w, b);
+        (q, d, d, m)
+    };
+    // The i32 lanes of a dot product: 0..4 sum elements 0..16, 4..8 elements 16..32.
+    let halves = _mm256_setr_ps(dw, dw, dw, dw, dhi, dhi, dhi, dhi);
     let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
     for t in 0..NX {
         let xb = xs[t].add(b * xbb);
@@ -232,7 +248,11 @@ pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usi
         } else {
             D::dot(aq, xv)
         };
-        let d = _mm256_set1_ps(dw * f16_at(xb));
+        let d = if W::SPLIT {
+            _mm256_mul_ps(halves, _mm256_set1_ps(f16_at(xb)))
+        } else {
+            _mm256_set1_ps(dw * f16_at(xb))
+        };
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
         if !W::SIGNED {
             // d·Σq of this activation block, exact in f32 (after the Q8_1 blocks).

@@ -50,6 +50,7 @@ mod exact;
 mod factored;
 mod float;
 mod int8dot;
+mod iqgrid;
 mod iquant;
 mod kquant;
 mod quant8;
@@ -61,6 +62,7 @@ pub(super) use exact::*;
 pub(super) use factored::*;
 pub(super) use float::*;
 pub(super) use int8dot::*;
+pub(super) use iqgrid::*;
 pub(super) use iquant::*;
 pub(super) use kquant::*;
 pub(super) use quant8::*;
@@ -182,7 +184,32 @@ macro_rules! level {
             entry!(exact_iq4_nl, $features, $leg::<WIQ4NL>);
             entry!(exact_iq4_xs, $features, $iq4xs);
             fast_entries!($features, $D);
+            grid_entries!($features, $V);
         }
+    };
+}
+
+/// The codebook i-quants' and ternary formats' exact kernels and row dequantizers of one
+/// level: their sub-blocks decoded as the 8-bit kernels decode them, scaled bit-exactly.
+macro_rules! grid_entries {
+    ($features:literal, $V:ty) => {
+        grid_entries!($features, $V, [
+            (exact_iq2_xxs, deq_iq2_xxs, WIQ2XXS),
+            (exact_iq2_xs, deq_iq2_xs, WIQ2XS),
+            (exact_iq2_s, deq_iq2_s, WIQ2S),
+            (exact_iq3_xxs, deq_iq3_xxs, WIQ3XXS),
+            (exact_iq3_s, deq_iq3_s, WIQ3S),
+            (exact_iq1_s, deq_iq1_s, WIQ1S),
+            (exact_iq1_m, deq_iq1_m, WIQ1M),
+            (exact_tq1_0, deq_tq1_0, WTQ1_0),
+            (exact_tq2_0, deq_tq2_0, WTQ2_0)
+        ]);
+    };
+    ($features:literal, $V:ty, [$(($exact:ident, $deq:ident, $W:ty)),*]) => {
+        $(
+            entry!($exact, $features, exact_legacy_rows::<$V, $W>);
+            deq_entry!($deq, $features, deq_legacy8::<$W>);
+        )*
     };
 }
 
@@ -198,6 +225,15 @@ macro_rules! fast_entries {
         entry!(q6_k, $features, q6k_rows::<$D>);
         entry!(iq4_nl, $features, legacy_rows::<$D, WIQ4NL>);
         entry!(iq4_xs, $features, legacy_rows::<$D, WIQ4XS>);
+        entry!(iq2_xxs, $features, legacy_rows::<$D, WIQ2XXS>);
+        entry!(iq2_xs, $features, legacy_rows::<$D, WIQ2XS>);
+        entry!(iq2_s, $features, legacy_rows::<$D, WIQ2S>);
+        entry!(iq3_xxs, $features, legacy_rows::<$D, WIQ3XXS>);
+        entry!(iq3_s, $features, legacy_rows::<$D, WIQ3S>);
+        entry!(iq1_s, $features, legacy_rows::<$D, WIQ1S>);
+        entry!(iq1_m, $features, legacy_rows::<$D, WIQ1M>);
+        entry!(tq1_0, $features, legacy_rows::<$D, WTQ1_0>);
+        entry!(tq2_0, $features, legacy_rows::<$D, WTQ2_0>);
     };
 }
 

@@ -311,10 +311,11 @@ pub(in crate::kernels) unsafe fn deq_leg512<W: Leg512>(src: *const u8, dst: *mut
 pub(in crate::kernels) unsafe fn deq_legacy8<W: LegacyW>(src: *const u8, dst: *mut f32, k: usize) {
     let mut qb = [0i8; 32];
     for b in 0..k / 32 {
-        let (q, d, m) = W::decode(src.add(b * W::BB));
+        let (q, d0, d1, m) = W::decode_split(src, b);
         _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, q);
-        let (dv, mv) = (V8::splat(d), V8::splat(m));
+        let (dv0, dv1, mv) = (V8::splat(d0), V8::splat(d1), V8::splat(m));
         for j in (0..32).step_by(8) {
+            let dv = if j < 16 { dv0 } else { dv1 };
             let mut wv = V8::mul(V8::from_i8(qb.as_ptr().add(j)), dv);
             if !W::SIGNED {
                 wv = V8::add(wv, mv);
