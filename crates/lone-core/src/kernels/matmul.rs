@@ -23,6 +23,8 @@ thread_local! {
     static PBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// One tile's weight rows in the stored layout, rebuilt from a packed copy (`rows_task`).
     static TBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// One tile's weight rows decoded ([`Kernel::predecode`], `rows_task`).
+    static DECBUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `out[t, r] = sum_k w[r, k] * x[t, k]` for `n` activation rows `x` of length `K = w.row_len()`;
@@ -269,6 +271,7 @@ pub(super) unsafe fn rows_task(
         job.w.packed_if_built()
     };
     let mut tbuf = TBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let mut decbuf = DECBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut r0 = range.start;
     while r0 < range.end {
         let rows = TILE_ROWS.min(range.end - r0);
@@ -306,6 +309,19 @@ pub(super) unsafe fn rows_task(
         }
         // SAFETY: rows r0 + grouped.. lie inside the tile.
         let (tw, tr0, trows) = (unsafe { w.add(grouped * rb) }, r0 + grouped, rows - grouped);
+        // More than one call's activation rows: formats with a costly decoding take the tile
+        // decoded once (the same products, bit for bit: `Kernel::predecode`).
+        let (tw, tstride, f) = match job.kern.predecode {
+            Some((decode, f)) if n > 4 && trows > 0 => {
+                let ds = k / 32 * DECODED_BB;
+                grow(&mut decbuf, trows * ds);
+                // SAFETY: trows rows of rb bytes at tw (above); decbuf holds trows·ds bytes;
+                // the kernel's ISA is available (the function's contract).
+                unsafe { decode(tw, rb, trows, k, decbuf.as_mut_ptr()) };
+                (decbuf.as_ptr(), ds, f)
+            }
+            _ => (tw, rb, job.kern.f),
+        };
         let mut t0 = 0;
         while t0 < n && trows > 0 {
             let nx = 4.min(n - t0);
@@ -316,7 +332,7 @@ pub(super) unsafe fn rows_task(
                 let a = MatArgs {
                     dtype: job.w.dtype,
                     w: tw,
-                    w_stride: rb,
+                    w_stride: tstride,
                     rows: trows,
                     x: xp.add(t0 * xs),
                     x_stride: xs,
@@ -325,13 +341,14 @@ pub(super) unsafe fn rows_task(
                     out: job.out.0.add(t0 * m + tr0),
                     out_stride: m,
                 };
-                (job.kern.f)(&a);
+                f(&a);
             }
             t0 += nx;
         }
         r0 += rows;
     }
     TBUF.with(|b| *b.borrow_mut() = tbuf);
+    DECBUF.with(|b| *b.borrow_mut() = decbuf);
 }
 
 /// Grows a scratch buffer to at least `n` elements. Never shrinks, and never re-initialises

@@ -215,7 +215,19 @@ pub(super) struct Kernel {
     /// Fast mode on aarch64: the kernel for several activation rows in the pair layout
     /// (`neon::pairs`), reading the rows-by-8 layout as `f` does.
     pub(super) pairs: Option<MatFn>,
+    /// For more than 4 activation rows: a tile's weight rows decoded once into the
+    /// [`DECODED_BB`] layout, and the kernel `f` is, over that layout (the i-quants on x86).
+    pub(super) predecode: Option<(DecodeFn, MatFn)>,
 }
+
+/// Decode `rows` weight rows of `k` elements (`w_stride` bytes apart) into [`DECODED_BB`]
+/// bytes per 32 elements at `dst`. Safety: the pointers are valid for those bytes and the
+/// CPU supports the kernel's [`Isa`].
+pub(crate) type DecodeFn = unsafe fn(*const u8, usize, usize, usize, *mut u8);
+
+/// Bytes per 32 elements of a decoded row ([`Kernel::predecode`]): 32 signed codes, the f32
+/// scales of the two halves and the f32 min.
+pub(crate) const DECODED_BB: usize = 44;
 
 /// One weight format as the kernel table sees it: its 8-bit activation format and its
 /// kernels per ISA, all in one place (as ggml's `type_traits_cpu`). A format is added here
@@ -245,12 +257,26 @@ pub(super) struct X86Kernels {
     /// AVX-512], each with whether it reads the rows-by-8 layout ([`packed`]; the format
     /// must be one [`packed::packs`], test `packed_kernels_have_a_packed_layout`).
     pub(super) fast: Option<[(MatFn, bool); 3]>,
+    /// The 8-bit kernels' many-row form ([`Kernel::predecode`]), per level as `fast`.
+    pub(super) predecode: Option<[(DecodeFn, MatFn); 3]>,
 }
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! both {
     ($name:ident, $t:ty) => {
         [x86::avx2::$name as $t, x86::avx512::$name as $t]
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
+macro_rules! predecoded {
+    ($mat:ident, $dec:ident) => {
+        Some([
+            (x86::avx2::$dec as DecodeFn, x86::avx2::$mat as MatFn),
+            (x86::avxvnni::$dec, x86::avxvnni::$mat),
+            (x86::avx512::$dec, x86::avx512::$mat),
+        ])
     };
 }
 
@@ -333,6 +359,7 @@ macro_rules! weight_format {
                 deq: $deq,
                 fac: $fac,
                 fast: $fast,
+                predecode: None,
             },
             #[cfg(target_arch = "aarch64")]
             arm: arm!($($arm)*),
@@ -370,7 +397,7 @@ macro_rules! reference_deq {
 /// or widened to f32 (exact, and the f32 GEMM's row dequantizer); the scalar reference on
 /// aarch64 for now.
 macro_rules! grid_format {
-    ($dtype:ident, $fast:ident, $exact:ident, $deq:ident) => {
+    ($dtype:ident, $fast:ident, $exact:ident, $deq:ident, $mat:ident, $dec:ident) => {
         Format {
             dtype: DType::$dtype,
             act: Some(DType::Q8_1),
@@ -380,6 +407,7 @@ macro_rules! grid_format {
                 deq: Some(both!($deq, DeqFn)),
                 fac: None,
                 fast: Some(all3!($fast, packed: false)),
+                predecode: predecoded!($mat, $dec),
             },
             #[cfg(target_arch = "aarch64")]
             arm: neon::ArmKernels {
@@ -390,6 +418,19 @@ macro_rules! grid_format {
             },
         }
     };
+}
+
+/// A format entry with its x86 8-bit kernels' many-row form ([`Kernel::predecode`]).
+macro_rules! with_predecode {
+    ($f:expr, $mat:ident, $dec:ident) => {{
+        #[allow(unused_mut)]
+        let mut f = $f;
+        #[cfg(target_arch = "x86_64")]
+        {
+            f.x86.predecode = predecoded!($mat, $dec);
+        }
+        f
+    }};
 }
 
 /// Every weight format lone multiplies (Q8_1 and Q8_K are activation formats only).
@@ -433,21 +474,64 @@ pub(super) const FORMATS: &[Format] = &[
         arm: q6_k, 8bit: Q8K, rows8),
     // The i-quants: 8-bit kernels on x86 (32-element blocks of signed levels against Q8_1
     // activations, row by row); exact kernels only on aarch64 so far.
-    weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl, deq: Some(both!(deq_iq4_nl, DeqFn)),
-        fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)), fast: Some(all3!(iq4_nl, packed: false)),
-        arm: iq4_nl),
-    weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs, deq: Some(both!(deq_iq4_xs, DeqFn)),
-        fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)), fast: Some(all3!(iq4_xs, packed: false)),
-        arm: iq4_xs),
-    grid_format!(IQ2XXS, iq2_xxs, exact_iq2_xxs, deq_iq2_xxs),
-    grid_format!(IQ2XS, iq2_xs, exact_iq2_xs, deq_iq2_xs),
-    grid_format!(IQ2S, iq2_s, exact_iq2_s, deq_iq2_s),
-    grid_format!(IQ3XXS, iq3_xxs, exact_iq3_xxs, deq_iq3_xxs),
-    grid_format!(IQ3S, iq3_s, exact_iq3_s, deq_iq3_s),
-    grid_format!(IQ1S, iq1_s, exact_iq1_s, deq_iq1_s),
-    grid_format!(IQ1M, iq1_m, exact_iq1_m, deq_iq1_m),
-    grid_format!(TQ1_0, tq1_0, exact_tq1_0, deq_tq1_0),
-    grid_format!(TQ2_0, tq2_0, exact_tq2_0, deq_tq2_0),
+    with_predecode!(
+        weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl,
+        deq: Some(both!(deq_iq4_nl, DeqFn)), fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)),
+        fast: Some(all3!(iq4_nl, packed: false)), arm: iq4_nl),
+        iq4_nl_dec,
+        iq4_nl_decode
+    ),
+    with_predecode!(
+        weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs,
+        deq: Some(both!(deq_iq4_xs, DeqFn)), fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)),
+        fast: Some(all3!(iq4_xs, packed: false)), arm: iq4_xs),
+        iq4_xs_dec,
+        iq4_xs_decode
+    ),
+    grid_format!(
+        IQ2XXS,
+        iq2_xxs,
+        exact_iq2_xxs,
+        deq_iq2_xxs,
+        iq2_xxs_dec,
+        iq2_xxs_decode
+    ),
+    grid_format!(
+        IQ2XS,
+        iq2_xs,
+        exact_iq2_xs,
+        deq_iq2_xs,
+        iq2_xs_dec,
+        iq2_xs_decode
+    ),
+    grid_format!(IQ2S, iq2_s, exact_iq2_s, deq_iq2_s, iq2_s_dec, iq2_s_decode),
+    grid_format!(
+        IQ3XXS,
+        iq3_xxs,
+        exact_iq3_xxs,
+        deq_iq3_xxs,
+        iq3_xxs_dec,
+        iq3_xxs_decode
+    ),
+    grid_format!(IQ3S, iq3_s, exact_iq3_s, deq_iq3_s, iq3_s_dec, iq3_s_decode),
+    grid_format!(IQ1S, iq1_s, exact_iq1_s, deq_iq1_s, iq1_s_dec, iq1_s_decode),
+    grid_format!(IQ1M, iq1_m, exact_iq1_m, deq_iq1_m, iq1_m_dec, iq1_m_decode),
+    grid_format!(
+        TQ1_0,
+        tq1_0,
+        exact_tq1_0,
+        deq_tq1_0,
+        tq1_0_dec,
+        tq1_0_decode
+    ),
+    grid_format!(
+        TQ2_0,
+        tq2_0,
+        exact_tq2_0,
+        deq_tq2_0,
+        tq2_0_dec,
+        tq2_0_decode
+    ),
 ];
 
 /// `dtype`'s entry in [`FORMATS`].
@@ -510,6 +594,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         packed: false,
         isa: Isa::Scalar,
         pairs: None,
+        predecode: None,
     };
     match isa {
         Isa::Scalar => scalar,
@@ -580,6 +665,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             packed: false,
             isa,
             pairs: None,
+            predecode: None,
         })
     };
     if let Some(ad) = fast_act {
@@ -596,6 +682,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             packed,
             isa,
             pairs: None,
+            predecode: k.predecode.map(|p| p[fast_level]),
         });
     }
     let deq = k.deq.map(|d| d[level]);
@@ -640,6 +727,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         packed,
         isa,
         pairs,
+        predecode: None,
     })
 }
 

@@ -250,6 +250,7 @@ pub(crate) fn set_scale(dtype: crate::tensor::DType, b: &mut [u8], d: f32) -> bo
 }
 
 /// The 8 sign bits of a byte as a byte mask per element (bit j set: byte j is 0xff).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn byte_mask(bits: u8) -> u64 {
     let mut m = 0u64;
     let mut j = 0;
@@ -262,19 +263,9 @@ const fn byte_mask(bits: u8) -> u64 {
     m
 }
 
-/// [`byte_mask`] of every byte: IQ2_S's and IQ3_S's stored sign bytes as masks.
-pub(crate) static SIGN_MASKS: [u64; 256] = {
-    let mut t = [0u64; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = byte_mask(i as u8);
-        i += 1;
-    }
-    t
-};
-
 /// [`KSIGNS_IQ2XS`] as byte masks: entry i is the mask of `i` with bit 7 set when `i` has an
 /// odd number of bits (the table's rule, checked by a test against the table itself).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) static KSIGN_MASKS: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
@@ -293,9 +284,9 @@ mod tests {
     #[test]
     fn sign_masks_match_the_sign_table() {
         for (i, &s) in KSIGNS_IQ2XS.iter().enumerate() {
-            assert_eq!(KSIGN_MASKS[i], SIGN_MASKS[usize::from(s)], "sign index {i}");
+            assert_eq!(KSIGN_MASKS[i], byte_mask(s), "sign index {i}");
             assert_eq!(s.count_ones() % 2, 0, "sign pattern {i} has even parity");
         }
-        assert_eq!(SIGN_MASKS[0b1000_0001], 0xff00_0000_0000_00ff);
+        assert_eq!(byte_mask(0b1000_0001), 0xff00_0000_0000_00ff);
     }
 }

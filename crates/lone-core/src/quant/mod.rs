@@ -27,14 +27,16 @@ mod weighted;
 
 /// The per-block reference dequantizers and scale unpacking, for the SIMD kernels to inline.
 pub(crate) mod reference_blocks {
-    /// The codebook i-quants' grids and sign masks.
+    /// The codebook i-quants' grids and sign masks (x86's 8-bit kernels decode with them).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) use super::iq_tables::{
         IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
     };
     /// Test data: a finite scale in a random block of those formats.
     #[cfg(test)]
     pub(crate) use super::iqgrid::set_scale;
-    pub(crate) use super::iqgrid::{dequant_tq1_0, KSIGN_MASKS, SIGN_MASKS};
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) use super::iqgrid::{dequant_tq1_0, KSIGN_MASKS};
     /// The i-quants' levels, which the SIMD kernels look their indices up in.
     pub(crate) use super::iquants::KVALUES_IQ4NL;
     /// The aarch64 8-bit K-quant kernels read the packed scales with it.

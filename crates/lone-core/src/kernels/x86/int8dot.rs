@@ -218,6 +218,61 @@ impl LegacyW for WQ8_0 {
     }
 }
 
+/// A format's blocks as its decoder gives them ([`decode_rows`]; [`super::super::DECODED_BB`]
+/// bytes each: the 32 codes, then the f32 scales of elements 0..16 and 16..32 and the min):
+/// the many-row path of the formats whose decoding costs more than their products (the
+/// i-quants), decoded once per tile of weight rows rather than once per 4 activation rows.
+/// [`legacy_block`] then does the very operations it does on the stored blocks, so the
+/// results are the same bit for bit.
+pub(in crate::kernels) struct WDecoded<W>(core::marker::PhantomData<W>);
+impl<W: LegacyW> LegacyW for WDecoded<W> {
+    const BB: usize = super::super::DECODED_BB;
+    const SIGNED: bool = W::SIGNED;
+    const ZERO: f32 = W::ZERO;
+    const SPLIT: bool = W::SPLIT;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let f = |o: usize| (p.add(o) as *const f32).read_unaligned();
+        (_mm256_loadu_si256(p as *const __m256i), f(32), f(40))
+    }
+    #[inline(always)]
+    unsafe fn decode_split(w: *const u8, b: usize) -> (__m256i, f32, f32, f32) {
+        let p = w.add(b * Self::BB);
+        let f = |o: usize| (p.add(o) as *const f32).read_unaligned();
+        (_mm256_loadu_si256(p as *const __m256i), f(32), f(36), f(40))
+    }
+}
+
+/// `rows` weight rows of `k` elements at `w` (`w_stride` bytes apart) in [`WDecoded`]'s
+/// layout at `dst` (`k / 32 ·` [`super::super::DECODED_BB`] bytes a row).
+#[inline(always)]
+pub(in crate::kernels) unsafe fn decode_rows<W: LegacyW>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    k: usize,
+    dst: *mut u8,
+) {
+    let nb = k / 32;
+    for r in 0..rows {
+        let wr = w.add(r * w_stride);
+        let out = dst.add(r * nb * super::super::DECODED_BB);
+        for b in 0..nb {
+            let (q, d0, d1, m) = if W::SPLIT {
+                W::decode_split(wr, b)
+            } else {
+                let (q, d, m) = W::decode_at(wr, b);
+                (q, d, d, m)
+            };
+            let o = out.add(b * super::super::DECODED_BB);
+            _mm256_storeu_si256(o as *mut __m256i, q);
+            (o.add(32) as *mut f32).write_unaligned(d0);
+            (o.add(36) as *mut f32).write_unaligned(d1);
+            (o.add(40) as *mut f32).write_unaligned(m);
+        }
+    }
+}
+
 /// One 32-element block `b` of the weight row at `w` against the 8-bit activation rows `xs`
 /// (`nb` Q8_1 blocks each, followed by their side values: [`Q8_1_SIDE`]).
 #[inline(always)]

@@ -11,7 +11,7 @@
 use super::*;
 use crate::quant::reference_blocks::{
     dequant_tq1_0, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
-    KSIGN_MASKS, SIGN_MASKS,
+    KSIGN_MASKS,
 };
 
 #[inline(always)]
@@ -101,11 +101,12 @@ impl LegacyW for WIQ2S {
         let (p, ib) = sub(w, b, 82);
         let (d0, d1) = iq2_scales(f16_at(p), *p.add(74 + ib));
         let qh = usize::from(*p.add(66 + ib));
-        let g = core::array::from_fn(|l| {
+        let g: [u64; 4] = core::array::from_fn(|l| {
             IQ2S_GRID[usize::from(*p.add(2 + 4 * ib + l)) | ((qh << (8 - 2 * l)) & 0x300)]
         });
-        let m = core::array::from_fn(|l| SIGN_MASKS[usize::from(*p.add(34 + 4 * ib + l))]);
-        (signed(g, m), d0, d1, 0.0)
+        let g = _mm256_setr_epi64x(g[0] as i64, g[1] as i64, g[2] as i64, g[3] as i64);
+        let m = sign_bytes(u32_at(p.add(34 + 4 * ib)));
+        (_mm256_sub_epi8(_mm256_xor_si256(g, m), m), d0, d1, 0.0)
     }
 }
 
@@ -139,16 +140,45 @@ impl LegacyW for WIQ3S {
         let (p, ib) = sub(w, b, 110);
         let sc = (*p.add(106 + ib / 2) >> (4 * (ib % 2))) & 0xf;
         let db = f16_at(p) * f32::from(1 + 2 * sc);
-        let qh = usize::from(*p.add(66 + ib));
-        let qs = p.add(2 + 8 * ib);
-        let g = core::array::from_fn(|l| {
-            let i1 = usize::from(*qs.add(2 * l)) | ((qh << (8 - 2 * l)) & 256);
-            let i2 = usize::from(*qs.add(2 * l + 1)) | ((qh << (7 - 2 * l)) & 256);
-            u64::from(IQ3S_GRID[i1]) | (u64::from(IQ3S_GRID[i2]) << 32)
-        });
-        let m = core::array::from_fn(|l| SIGN_MASKS[usize::from(*p.add(74 + 4 * ib + l))]);
-        (signed(g, m), db, 0.0)
+        // Grid index j (elements 4j..4j+4): byte j of qs, bit j of qh as its 9th bit.
+        let qs = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(2 + 8 * ib) as *const __m128i));
+        let qh = _mm256_set1_epi32(i32::from(*p.add(66 + ib)));
+        let hi = _mm256_and_si256(
+            _mm256_sllv_epi32(qh, _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+            _mm256_set1_epi32(256),
+        );
+        let mut idx = [0u32; 8];
+        _mm256_storeu_si256(idx.as_mut_ptr() as *mut __m256i, _mm256_or_si256(qs, hi));
+        let g = _mm256_setr_epi32(
+            IQ3S_GRID[idx[0] as usize] as i32,
+            IQ3S_GRID[idx[1] as usize] as i32,
+            IQ3S_GRID[idx[2] as usize] as i32,
+            IQ3S_GRID[idx[3] as usize] as i32,
+            IQ3S_GRID[idx[4] as usize] as i32,
+            IQ3S_GRID[idx[5] as usize] as i32,
+            IQ3S_GRID[idx[6] as usize] as i32,
+            IQ3S_GRID[idx[7] as usize] as i32,
+        );
+        let m = sign_bytes(u32_at(p.add(74 + 4 * ib)));
+        (_mm256_sub_epi8(_mm256_xor_si256(g, m), m), db, 0.0)
     }
+}
+
+/// Four stored sign bytes (byte l: the signs of elements 8l..8l+8, bit j element 8l + j) as
+/// a byte mask of 32 elements (0xff: negative).
+#[inline(always)]
+unsafe fn sign_bytes(s: u32) -> __m256i {
+    let v = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(s as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
 }
 
 /// IQ1 codes `8·level + delta_sign` of four grid points (levels −1, 0, 1 as bytes), the

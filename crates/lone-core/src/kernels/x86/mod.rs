@@ -234,6 +234,38 @@ macro_rules! fast_entries {
         entry!(iq1_m, $features, legacy_rows::<$D, WIQ1M>);
         entry!(tq1_0, $features, legacy_rows::<$D, WTQ1_0>);
         entry!(tq2_0, $features, legacy_rows::<$D, WTQ2_0>);
+        predecoded!(
+            $features,
+            $D,
+            [
+                (iq4_nl_dec, iq4_nl_decode, WIQ4NL),
+                (iq4_xs_dec, iq4_xs_decode, WIQ4XS),
+                (iq2_xxs_dec, iq2_xxs_decode, WIQ2XXS),
+                (iq2_xs_dec, iq2_xs_decode, WIQ2XS),
+                (iq2_s_dec, iq2_s_decode, WIQ2S),
+                (iq3_xxs_dec, iq3_xxs_decode, WIQ3XXS),
+                (iq3_s_dec, iq3_s_decode, WIQ3S),
+                (iq1_s_dec, iq1_s_decode, WIQ1S),
+                (iq1_m_dec, iq1_m_decode, WIQ1M),
+                (tq1_0_dec, tq1_0_decode, WTQ1_0),
+                (tq2_0_dec, tq2_0_decode, WTQ2_0)
+            ]
+        );
+    };
+}
+
+/// The i-quants' many-row 8-bit path of one level: a tile's rows decoded once
+/// ([`decode_rows`]), then the 8-bit kernel over the decoded blocks ([`WDecoded`]).
+macro_rules! predecoded {
+    ($features:literal, $D:ty, [$(($mat:ident, $dec:ident, $W:ty)),*]) => {
+        $(
+            entry!($mat, $features, legacy_rows::<$D, WDecoded<$W>>);
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn $dec(w: *const u8, w_stride: usize, rows: usize, k: usize,
+                                      dst: *mut u8) {
+                decode_rows::<$W>(w, w_stride, rows, k, dst)
+            }
+        )*
     };
 }
 
