@@ -17,6 +17,7 @@ Writes OUTDIR/NAME.jsonl (one row per file) and prints a markdown table.
 import argparse
 import hashlib
 import json
+import re
 import os
 import subprocess
 import sys
@@ -59,6 +60,10 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--bpw", default="4.5,5.5")
+    # Types lone reads but does not write (the i-quants, the ternary types): llama-quantize's
+    # files with llama-imatrix's matrix, measured by lone, and their perplexity by
+    # llama-perplexity beside lone's.
+    ap.add_argument("--read-only", default="")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     src = a.source.resolve()
@@ -97,6 +102,18 @@ def main() -> None:
             emit(row)
             ll_f.unlink()
             lone_f.unlink()
+    for t in [x for x in a.read_only.split(",") if x]:
+        f = a.out / f"llama-{t}.gguf"
+        run(QUANTIZE, "--imatrix", "llama.imatrix.gguf", src, f.name, t, cwd=a.out)
+        row = {"model": a.name, "type": t, "imatrix": "llama.imatrix.gguf", "read_only": True}
+        row.update(measure(f, src, params))
+        row["lone_ppl"] = json.loads(run(LONE, "perplexity", "-m", f, "-f", EVAL, "-c", "256",
+                                         "--json").stdout)["ppl"]
+        r = run(LLAMA / "bin" / "llama-perplexity", "-m", f, "-f", EVAL, "-c", "256", "-t", "2")
+        row["llama_ppl"] = float(re.search(r"Final estimate: PPL = ([0-9.]+)",
+                                           r.stdout + r.stderr).group(1))
+        emit(row)
+        f.unlink()
     for b in [x for x in a.bpw.split(",") if x]:
         f = a.out / f"lone-bpw{b}.gguf"
         r = run(LONE, "convert", src, "-o", f.name, "--target-bpw", b, "--calibration", CALIB,
@@ -112,6 +129,12 @@ def main() -> None:
     for r in rows:
         im = {"none": "", "lone.imatrix.gguf": " + imatrix", "llama.imatrix.gguf":
               " + llama-imatrix"}[r["imatrix"]]
+        if r.get("read_only"):
+            print(f"| {r['type']} (llama-quantize) + llama-imatrix | {r['bpw']:.2f} | "
+                  f"{r['bytes'] / 2**20:.1f} | {r['cos']:.5f} | {r['kld']:.5f} | "
+                  f"{100 * r['same_top']:.1f} % | {r['ppl_ratio']:.4f} | PPL lone "
+                  f"{r['lone_ppl']:.4f}, llama-perplexity {r['llama_ppl']:.4f} |")
+            continue
         same = r.get("identical_to_llama_quantize")
         print(f"| {r['type']}{im} | {r['bpw']:.2f} | {r['bytes'] / 2**20:.1f} | {r['cos']:.5f} | "
               f"{r['kld']:.5f} | {100 * r['same_top']:.1f} % | {r['ppl_ratio']:.4f} | "

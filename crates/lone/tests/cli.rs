@@ -776,23 +776,36 @@ fn inspect_describes_the_files() {
         out.status.success() && text.contains("Q8_0") && text.contains("tensors ("),
         "{text}"
     );
-    // llama-quantize's IQ4 files: the file type (llama.cpp's `general.file_type` 25, 30) and
-    // each tensor's type as gguf-py names it (meta.json, written by generate.py).
+    // llama-quantize's i-quant files: the file type (llama.cpp's `general.file_type`; its
+    // IQ2_M mix is what puts IQ2_S tensors in a file) and each tensor's type as gguf-py
+    // names it (meta.json, written by generate.py).
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture("llama").join("meta.json")).unwrap())
             .unwrap();
-    for (file, quant) in [
-        ("model-iq4_nl.gguf", "IQ4_NL"),
-        ("model-iq4_xs.gguf", "IQ4_XS"),
+    for (file, quant, ftype, tensor_type) in [
+        ("model-iq4_nl.gguf", "IQ4_NL", 25, "IQ4_NL"),
+        ("model-iq4_xs.gguf", "IQ4_XS", 30, "IQ4_XS"),
+        ("model-iq2_xxs.gguf", "IQ2_XXS", 19, "IQ2_XXS"),
+        ("model-iq2_xs.gguf", "IQ2_XS", 20, "IQ2_XS"),
+        ("model-iq2_s.gguf", "IQ2_M", 29, "IQ2_S"),
+        ("model-iq3_xxs.gguf", "IQ3_XXS", 23, "IQ3_XXS"),
+        ("model-iq3_s.gguf", "IQ3_S", 26, "IQ3_S"),
+        ("model-iq1_s.gguf", "IQ1_S", 24, "IQ1_S"),
+        ("model-iq1_m.gguf", "IQ1_M", 31, "IQ1_M"),
+        ("model-tq1_0.gguf", "TQ1_0", 36, "TQ1_0"),
+        ("model-tq2_0.gguf", "TQ2_0", 37, "TQ2_0"),
     ] {
         let gguf = fixture("llama").join(file);
         let g = lone_json(&["inspect", "--json", gguf.to_str().unwrap()]);
         let want = &meta["gguf"][file];
-        assert_eq!(
-            want["kv"]["general.file_type"],
-            if quant == "IQ4_NL" { 25 } else { 30 }
-        );
+        assert_eq!(want["kv"]["general.file_type"], ftype, "{file}");
         assert_eq!(g["quant"], quant, "{file}");
+        let types = g["types"].as_array().unwrap();
+        assert!(
+            types.iter().any(|t| t["type"] == tensor_type),
+            "{file}: {types:?}"
+        );
+        let quant = tensor_type;
         let want = want["tensors"].as_object().unwrap();
         let rows = g["tensors"].as_array().unwrap();
         assert_eq!(rows.len(), want.len(), "{file}");

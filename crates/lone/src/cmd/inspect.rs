@@ -87,6 +87,19 @@ pub fn run(a: InspectArgs) -> Result<()> {
             "routed_scaling_factor": m.routed_scaling_factor, "expert_bias": m.expert_bias,
         })
     });
+    // Mixed files (llama-quantize's mixes, "dynamic" quants): the bytes of each type.
+    let mut by_type: Vec<(&str, u64, usize)> = Vec::new();
+    for t in &tensors {
+        match by_type.iter_mut().find(|b| b.0 == t.dtype) {
+            Some(b) => (b.1, b.2) = (b.1 + t.bytes, b.2 + 1),
+            None => by_type.push((&t.dtype, t.bytes, 1)),
+        }
+    }
+    by_type.sort_by_key(|b| std::cmp::Reverse(b.1));
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|(d, b, n)| format!("{d} {} ({n})", fmt_bytes(*b)))
+        .collect();
     let obj = json!({
         "path": path.display().to_string(),
         "format": if path.is_dir() { "safetensors" } else { "gguf" },
@@ -126,6 +139,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
         "chat_template": text.template.as_ref().map(|t| t.source()),
         "chat_templates": tok.named_chat_templates().iter()
             .map(|(n, t)| (n.clone(), json!(t))).collect::<serde_json::Map<_, _>>(),
+        "types": by_type.iter().map(|(d, b, n)| json!({"type": d, "bytes": b, "tensors": n}))
+            .collect::<Vec<_>>(),
         "tensors": tensors.iter().map(|t| json!({
             "name": t.name, "type": t.dtype, "shape": t.shape, "bytes": t.bytes,
         })).collect::<Vec<_>>(),
@@ -252,12 +267,13 @@ pub fn run(a: InspectArgs) -> Result<()> {
         };
         writeln!(o, "chat template '{name}': {} bytes{used}", src.len())?;
     }
+    writeln!(o, "types: {}", types.join(", "))?;
     if !a.no_tensors {
         writeln!(o, "tensors ({}):", tensors.len())?;
         for t in &tensors {
             writeln!(
                 o,
-                "  {:<48} {:<5} {:<16} {}",
+                "  {:<48} {:<7} {:<16} {}",
                 t.name,
                 t.dtype,
                 format!("{:?}", t.shape),

@@ -10,8 +10,7 @@
 
 use super::*;
 use crate::quant::reference_blocks::{
-    dequant_tq1_0, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
-    KSIGN_MASKS,
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGN_MASKS,
 };
 
 #[inline(always)]
@@ -259,22 +258,34 @@ impl LegacyW for WTQ2_0 {
 }
 
 pub(in crate::kernels) struct WTQ1_0;
+
+/// Trit `n` (0 = most significant) of a TQ1_0 byte, minus 1: `(q·3ⁿ mod 256)·3 >> 8`.
+#[inline(always)]
+fn trit(q: u8, n: u32) -> i8 {
+    let q = q.wrapping_mul(3u8.pow(n));
+    ((u16::from(q) * 3) >> 8) as i8 - 1
+}
+
 impl LegacyW for WTQ1_0 {
     const BB: usize = 7;
     const SIGNED: bool = true;
     never_whole!();
     #[inline(always)]
     unsafe fn decode_at(w: *const u8, b: usize) -> (__m256i, f32, f32) {
-        // Base-3 digits: decoded by the reference (exact small integers), then read back as
-        // codes — TQ1_0 is rare; its 5-trits-a-byte packing has no cheap byte shuffle.
+        // Elements 0..160: trit n of bytes 0..32 (n = 0..5), 32 at a time; 160..240: trit n
+        // of bytes 32..48, 16 at a time; 240..256: trit n of qh bytes 48..52, 4 at a time.
         let (p, j) = sub(w, b, 54);
-        let d = f16_at(p.add(52));
-        let mut blk = [0u8; 54];
-        core::ptr::copy_nonoverlapping(p, blk.as_mut_ptr(), 54);
-        blk[52..54].copy_from_slice(&0x3c00u16.to_le_bytes()); // d = 1: the trits − 1
-        let mut y = [0f32; 256];
-        dequant_tq1_0(&blk, &mut y);
-        let q: [i8; 32] = core::array::from_fn(|i| y[32 * j + i] as i8);
-        (_mm256_loadu_si256(q.as_ptr() as *const __m256i), d, 0.0)
+        let at = |i: usize| *p.add(i);
+        let q: [i8; 32] = core::array::from_fn(|m| match j {
+            0..5 => trit(at(m), j as u32),
+            5 | 6 => trit(at(32 + m % 16), (2 * (j - 5) + m / 16) as u32),
+            _ if m < 16 => trit(at(32 + m), 4),
+            _ => trit(at(48 + (m - 16) % 4), ((m - 16) / 4) as u32),
+        });
+        (
+            _mm256_loadu_si256(q.as_ptr() as *const __m256i),
+            f16_at(p.add(52)),
+            0.0,
+        )
     }
 }
