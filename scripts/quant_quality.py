@@ -28,6 +28,7 @@ LONE = Path(os.environ.get("LONE_BIN", ROOT / "target" / "release" / "lone"))
 LLAMA = Path.home() / ".cache/llama.cpp-0c1e570"
 QUANTIZE = LLAMA / "bin" / "llama-quantize"
 IMATRIX = LLAMA / "build" / "bin" / "llama-imatrix"
+PERPLEXITY = LLAMA / "build" / "bin" / "llama-perplexity"
 CALIB = ROOT / "tests/reference/tokenizer/assets/lfm2/LICENSE.lfm1.0.txt"
 EVAL = Path(os.environ.get("EVAL_TEXT", "/usr/lib/python3.11/LICENSE.txt"))
 TYPES = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0", "Q3_K_M", "Q2_K"]
@@ -109,7 +110,7 @@ def main() -> None:
         row.update(measure(f, src, params))
         row["lone_ppl"] = json.loads(run(LONE, "perplexity", "-m", f, "-f", EVAL, "-c", "256",
                                          "--json").stdout)["ppl"]
-        r = run(LLAMA / "bin" / "llama-perplexity", "-m", f, "-f", EVAL, "-c", "256", "-t", "2")
+        r = run(PERPLEXITY, "-m", f, "-f", EVAL, "-c", "256", "-t", "2")
         row["llama_ppl"] = float(re.search(r"Final estimate: PPL = ([0-9.]+)",
                                            r.stdout + r.stderr).group(1))
         emit(row)

@@ -70,14 +70,20 @@ pub(crate) fn dequant_iq2_xxs(b: &[u8; 66], y: &mut [f32; 256]) {
     }
 }
 
+/// IQ2_XS's and IQ2_S's scales of the two halves of a sub-block, from its scale byte `sc`
+/// (a nibble each): `d·(0.5 + s)·0.25`.
+#[inline(always)]
+pub(crate) fn iq2_scales(d: f32, sc: u8) -> [f32; 2] {
+    [
+        d * (0.5 + f32::from(sc & 0xf)) * 0.25,
+        d * (0.5 + f32::from(sc >> 4)) * 0.25,
+    ]
+}
+
 pub(crate) fn dequant_iq2_xs(b: &[u8; 74], y: &mut [f32; 256]) {
     let d = f16_to_f32([b[0], b[1]]);
     for (ib, ys) in y.chunks_exact_mut(32).enumerate() {
-        let sc = b[66 + ib];
-        let db = [
-            d * (0.5 + f32::from(sc & 0xf)) * 0.25,
-            d * (0.5 + f32::from(sc >> 4)) * 0.25,
-        ];
+        let db = iq2_scales(d, b[66 + ib]);
         for (l, y8) in ys.chunks_exact_mut(8).enumerate() {
             let q = u16_at(b, 2 + 2 * (4 * ib + l));
             let signs = KSIGNS_IQ2XS[usize::from(q >> 9)];
@@ -89,11 +95,7 @@ pub(crate) fn dequant_iq2_xs(b: &[u8; 74], y: &mut [f32; 256]) {
 pub(crate) fn dequant_iq2_s(b: &[u8; 82], y: &mut [f32; 256]) {
     let d = f16_to_f32([b[0], b[1]]);
     for (ib, ys) in y.chunks_exact_mut(32).enumerate() {
-        let sc = b[74 + ib];
-        let db = [
-            d * (0.5 + f32::from(sc & 0xf)) * 0.25,
-            d * (0.5 + f32::from(sc >> 4)) * 0.25,
-        ];
+        let db = iq2_scales(d, b[74 + ib]);
         let qh = usize::from(b[66 + ib]);
         for (l, y8) in ys.chunks_exact_mut(8).enumerate() {
             let idx = usize::from(b[2 + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300);

@@ -36,7 +36,7 @@ pub(crate) mod reference_blocks {
     #[cfg(test)]
     pub(crate) use super::iqgrid::set_scale;
     #[cfg(target_arch = "x86_64")]
-    pub(crate) use super::iqgrid::KSIGN_MASKS;
+    pub(crate) use super::iqgrid::{iq2_scales, KSIGN_MASKS};
     /// The i-quants' levels, which the SIMD kernels look their indices up in.
     pub(crate) use super::iquants::KVALUES_IQ4NL;
     /// The aarch64 8-bit K-quant kernels read the packed scales with it.

@@ -88,22 +88,8 @@ impl DType {
             | DType::Q8_0
             | DType::Q8_1
             | DType::IQ4NL => 32,
-            DType::Q2K
-            | DType::Q3K
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-            | DType::Q8K
-            | DType::IQ4XS
-            | DType::IQ2XXS
-            | DType::IQ2XS
-            | DType::IQ2S
-            | DType::IQ3XXS
-            | DType::IQ3S
-            | DType::IQ1S
-            | DType::IQ1M
-            | DType::TQ1_0
-            | DType::TQ2_0 => 256,
+            // The K-quants and every i-quant but IQ4_NL: super-blocks of 256.
+            _ => 256,
         }
     }
 

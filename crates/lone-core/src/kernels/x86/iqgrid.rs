@@ -10,7 +10,7 @@
 
 use super::*;
 use crate::quant::reference_blocks::{
-    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGN_MASKS,
+    iq2_scales, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGN_MASKS,
 };
 
 #[inline(always)]
@@ -63,15 +63,6 @@ impl LegacyW for WIQ2XXS {
     }
 }
 
-/// IQ2_XS and IQ2_S's two scales of sub-block `ib` (nibbles of `sc`).
-#[inline(always)]
-unsafe fn iq2_scales(d: f32, sc: u8) -> (f32, f32) {
-    (
-        d * (0.5 + f32::from(sc & 0xf)) * 0.25,
-        d * (0.5 + f32::from(sc >> 4)) * 0.25,
-    )
-}
-
 pub(in crate::kernels) struct WIQ2XS;
 impl LegacyW for WIQ2XS {
     const BB: usize = 9;
@@ -81,7 +72,7 @@ impl LegacyW for WIQ2XS {
     #[inline(always)]
     unsafe fn decode_split(w: *const u8, b: usize) -> (__m256i, f32, f32, f32) {
         let (p, ib) = sub(w, b, 74);
-        let (d0, d1) = iq2_scales(f16_at(p), *p.add(66 + ib));
+        let [d0, d1] = iq2_scales(f16_at(p), *p.add(66 + ib));
         let q: [u16; 4] = core::array::from_fn(|l| u16_at(p.add(2 + 2 * (4 * ib + l))));
         let g = q.map(|q| IQ2XS_GRID[usize::from(q & 511)]);
         let m = q.map(|q| KSIGN_MASKS[usize::from(q >> 9)]);
@@ -98,7 +89,7 @@ impl LegacyW for WIQ2S {
     #[inline(always)]
     unsafe fn decode_split(w: *const u8, b: usize) -> (__m256i, f32, f32, f32) {
         let (p, ib) = sub(w, b, 82);
-        let (d0, d1) = iq2_scales(f16_at(p), *p.add(74 + ib));
+        let [d0, d1] = iq2_scales(f16_at(p), *p.add(74 + ib));
         let qh = usize::from(*p.add(66 + ib));
         let g: [u64; 4] = core::array::from_fn(|l| {
             IQ2S_GRID[usize::from(*p.add(2 + 4 * ib + l)) | ((qh << (8 - 2 * l)) & 0x300)]
