@@ -316,17 +316,17 @@ fn gguf_layout_is_checked() {
 fn unknown_quant_type() {
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path().join("m.gguf");
-    // ggml type 16 = IQ2_XXS (66 bytes per 256 elements).
+    // ggml type 39 = MXFP4 (17 bytes per 32 elements).
     write_gguf(
         &p,
         "llama",
-        &[("token_embd.weight", vec![256, 4], 16, 66 * 4)],
+        &[("token_embd.weight", vec![256, 4], 39, 17 * 8 * 4)],
     );
     let out = lone()
         .args(["run", "--model", p.to_str().unwrap(), "--prompt-ids", "1"])
         .output()
         .unwrap();
-    expect_error(out, "IQ2_XXS which lone does not support");
+    expect_error(out, "MXFP4 which lone does not support");
 }
 
 /// Copy a fixture checkpoint directory (config + weights) to `dst`, editing config.json.
