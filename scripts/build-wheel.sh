@@ -12,16 +12,16 @@ if [ ! -x "$tools/bin/maturin" ]; then
   python3 -m venv "$tools"
   "$tools/bin/pip" install -q 'maturin>=1.5,<2'
 fi
-# The wheel is stripped (pyproject.toml): build it without the release profile's debug info,
-# which would only cost compile and link time.
-export CARGO_PROFILE_RELEASE_DEBUG=false
 case "${TARGET:-native}" in
   native)
     "$tools/bin/maturin" build --release -m crates/lone-py/Cargo.toml -o "$out"
     ;;
   aarch64)
     scripts/install-aarch64-toolchain.sh
-    PATH=/usr/bin:$PATH RUSTC=/usr/bin/rustc CARGO=/usr/bin/cargo \
+    # Stripped anyway (pyproject.toml), and nothing here is shared with another build: no
+    # debug info to compile and link. (The native wheel keeps the profile, whose dependency
+    # builds the workspace's share.)
+    CARGO_PROFILE_RELEASE_DEBUG=false PATH=/usr/bin:$PATH RUSTC=/usr/bin/rustc CARGO=/usr/bin/cargo \
       CARGO_TARGET_DIR=target/aarch64 \
       CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
       "$tools/bin/maturin" build --release -m crates/lone-py/Cargo.toml \

@@ -11,5 +11,6 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx-light curl >/dev/null
 fi
 python3 -m pip install -q pytest httpx
-cargo build --release -p lone
+# The workspace's feature set, as scripts/test.sh builds it (so nothing is built twice).
+cargo build --release --workspace
 LONE_REQUIRE_NGINX=1 python3 -m pytest -q tests/deploy "$@"
