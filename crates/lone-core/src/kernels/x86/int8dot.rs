@@ -258,12 +258,7 @@ pub(in crate::kernels) unsafe fn decode_rows<W: LegacyW>(
         let wr = w.add(r * w_stride);
         let out = dst.add(r * nb * super::super::DECODED_BB);
         for b in 0..nb {
-            let (q, d0, d1, m) = if W::SPLIT {
-                W::decode_split(wr, b)
-            } else {
-                let (q, d, m) = W::decode_at(wr, b);
-                (q, d, d, m)
-            };
+            let (q, d0, d1, m) = W::decode_split(wr, b);
             let o = out.add(b * super::super::DECODED_BB);
             _mm256_storeu_si256(o as *mut __m256i, q);
             (o.add(32) as *mut f32).write_unaligned(d0);
@@ -286,12 +281,7 @@ pub(in crate::kernels) unsafe fn legacy_block<D: IDot, W: LegacyW, const NX: usi
 ) {
     // Q8_1 blocks: d, s, qs at 4 (36 bytes); signed weights read only d and qs.
     let (xbb, xq) = (36, 4);
-    let (q, dw, dhi, mw) = if W::SPLIT {
-        W::decode_split(w, b)
-    } else {
-        let (q, d, m) = W::decode_at(w, b);
-        (q, d, d, m)
-    };
+    let (q, dw, dhi, mw) = W::decode_split(w, b);
     // The i32 lanes of a dot product: 0..4 sum elements 0..16, 4..8 elements 16..32.
     let halves = _mm256_setr_ps(dw, dw, dw, dw, dhi, dhi, dhi, dhi);
     let aq = if W::SIGNED { _mm256_sign_epi8(q, q) } else { q };
