@@ -95,7 +95,10 @@ def test_text_log_lines_and_llama_cpp_flags():
 def test_verbose_logs_each_scheduler_step():
     s = Server(TINY, "-np", "2", "--verbose", "--log-format", "json")
     try:
-        s.client().chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        # Greedy and past EOS: a sampled first token may be the random model's EOS (no decode steps).
+        s.client().chat.completions.create(
+            model="m", messages=CHAT, max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+        )
         steps = [json.loads(l) for l in s.logs().splitlines() if l.startswith("{") and '"event":"step"' in l]
         # One prompt step (its rows exact), then a decode row per further token.
         assert len(steps) >= 3, s.logs()

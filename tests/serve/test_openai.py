@@ -377,7 +377,9 @@ def test_api_key():
         with pytest.raises(openai.AuthenticationError):
             s.client(api_key="wrong").chat.completions.create(model="lfm2_a", messages=CHAT, max_tokens=2)
         assert_error(s.post("/v1/completions", json={"prompt": "x"}), 401, code="invalid_api_key")
-        r = s.client(api_key="s3cret").chat.completions.create(model="lfm2_a", messages=CHAT, max_tokens=2)
+        r = s.client(api_key="s3cret").chat.completions.create(
+            model="lfm2_a", messages=CHAT, max_tokens=2, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert r.usage.completion_tokens == 2
         assert s.get("/health").status_code == 200
     finally:
