@@ -138,6 +138,17 @@ def embed_options_seeds():
         (d / f"{k}.bin").write_bytes(b"\0".join([head, *[f.encode() for f in flags]]))
 
 
+def image_seeds():
+    """Image files of every kind the decoder reads (tests/reference/vision/gen_image_refs.py
+    made them): PNG (8/16-bit, gray + alpha, palette), JPEG with EXIF orientation, WebP
+    lossless and lossy, GIF."""
+    d = fresh("image")
+    src = ROOT / "tests" / "reference" / "vision" / "images"
+    for name in ["exif6_64x48.jpg", "gray_alpha_20x14.png", "lossless_33x21.webp", "lossy_40x30.webp",
+                 "palette_41x29.gif", "rgb16_11x9.png", "one_1x1.png"]:
+        shutil.copy(src / name, d / name)
+
+
 if __name__ == "__main__":
     gguf_seeds()
     safetensors_seeds()
@@ -145,6 +156,7 @@ if __name__ == "__main__":
     template_seeds()
     request_seeds()
     embed_options_seeds()
+    image_seeds()
     for p in sorted(OUT.iterdir()):
         files = list(p.iterdir())
         print(p.name, len(files), sum(f.stat().st_size for f in files), "bytes")

@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(gguf gguf_tokenizer safetensors config chat_template openai_request embed_options)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf gguf_tokenizer safetensors config chat_template openai_request embed_options image)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 cd fuzz
 cargo fuzz build -s none -O

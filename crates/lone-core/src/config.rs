@@ -245,6 +245,24 @@ impl ModelConfig {
 
     pub fn from_hf_json(v: &Value) -> Result<ModelConfig> {
         let model_type = v.get("model_type").and_then(|x| x.as_str()).unwrap_or("");
+        // A vision-language checkpoint: its language model is configured by `text_config`
+        // (the vision tower by `vision_config`, read by `vision::VisionConfig`).
+        if crate::vision::VisionConfig::is_vl_model_type(model_type) {
+            let Some(text) = v.get("text_config").filter(|t| t.is_object()) else {
+                return Err(cfg_err(format!(
+                    "config.json: a {model_type} model needs a text_config object"
+                )));
+            };
+            let mut text = text.clone();
+            if let (Some(t), Some(o)) = (text.as_object_mut(), v.as_object()) {
+                for key in ["tie_word_embeddings", "eos_token_id", "bos_token_id"] {
+                    if let (false, Some(val)) = (t.contains_key(key), o.get(key)) {
+                        t.insert(key.into(), val.clone());
+                    }
+                }
+            }
+            return Self::from_hf_json(&text);
+        }
         let arch = Arch::from_model_type(model_type).ok_or_else(|| {
             let archs = v
                 .get("architectures")

@@ -113,6 +113,28 @@ pub fn config(data: &[u8]) {
     }
 }
 
+/// An image file: decoded (at most 4 M pixels, as a request's limit would refuse more), then
+/// processed as LFM2-VL's processor does with a small tile grid, and its placeholder built.
+pub fn image(data: &[u8]) {
+    use crate::vision::image::{decode, preprocess, ProcessorConfig};
+    let Ok(img) = decode(data, 1 << 22) else {
+        return;
+    };
+    let cfg = ProcessorConfig {
+        min_image_tokens: 4,
+        max_image_tokens: 16,
+        tile_size: 64,
+        max_tiles: 4,
+        ..ProcessorConfig::default()
+    };
+    if let Ok(p) = preprocess(&img, &cfg) {
+        assert_eq!(
+            p.placeholder(&cfg).matches("<image>").count(),
+            p.n_image_tokens()
+        );
+    }
+}
+
 /// A chat template and the messages it renders: the input is the template's source, a NUL
 /// byte, then a JSON list of messages (or `{"messages": [...], "tools": [...]}`).
 pub fn chat_template(data: &[u8]) {

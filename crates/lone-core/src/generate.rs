@@ -32,6 +32,8 @@ pub struct GenerateOptions {
     pub spec_params: Option<SpecParams>,
     /// A grammar the output must follow.
     pub constraint: Option<crate::engine::Constraint>,
+    /// Embeddings of the prompt's image rows.
+    pub embeds: Option<Arc<crate::engine::PromptEmbeds>>,
 }
 
 #[derive(Clone, Debug)]
@@ -95,6 +97,28 @@ pub fn prefill(
     Ok(out)
 }
 
+/// [`prefill`] with every row's logits, the rows at positions `embeds` names taking its
+/// embeddings (a prompt's images).
+fn prefill_embeds(
+    model: &Model,
+    cache: &mut SeqCache,
+    tokens: &[u32],
+    embeds: Option<&crate::engine::PromptEmbeds>,
+) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(PREFILL_CHUNK) {
+        let start = cache.len();
+        let mut batch = Batch::for_sequence(0, start, chunk, true);
+        if let Some(e) = embeds {
+            batch.embeds = (0..chunk.len())
+                .filter_map(|i| e.get(start + i).map(|row| (i, row.to_vec())))
+                .collect();
+        }
+        out.extend(model.forward(&batch, std::slice::from_mut(cache))?.logits);
+    }
+    Ok(out)
+}
+
 /// Generate after `prompt` without text: [`generate_text`] with no tokenizer, `on_token`
 /// seeing each new token (false stops).
 pub fn generate(
@@ -149,6 +173,7 @@ pub fn generate_text(
         spec: opts.spec_params.clone(),
         keep_logits: opts.keep_logits,
         constraint: opts.constraint.clone(),
+        embeds: opts.embeds.clone(),
         ..Default::default()
     };
     let own = std::mem::replace(cache, SeqCache::new(&model.cfg, 0));
@@ -187,7 +212,12 @@ fn run_one<'t>(
     let mut logits = Vec::new();
     if opts.keep_logits {
         let c = &mut sched.caches[slot];
-        logits = prefill(model, c, &req.prompt[start..prompt_len - 1], true)?;
+        logits = prefill_embeds(
+            model,
+            c,
+            &req.prompt[start..prompt_len - 1],
+            req.embeds.as_deref(),
+        )?;
     }
     let mut t_first = None;
     let mut tokens = Vec::new();

@@ -30,6 +30,7 @@ mod test_rng;
 pub mod text;
 pub mod tokenizer;
 pub mod tools;
+pub mod vision;
 
 pub use error::{Error, Result};
 pub use models::{Batch, Model};

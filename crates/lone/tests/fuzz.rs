@@ -254,3 +254,11 @@ fn openai_request() {
 fn embed_options() {
     fuzz("embed_options", &lone::serve::fuzzing::embed_options);
 }
+
+#[test]
+fn image() {
+    for s in seeds("image") {
+        lone_core::vision::image::decode(&s, 1 << 22).unwrap();
+    }
+    fuzz("image", &lone_core::fuzzing::image);
+}

@@ -77,6 +77,48 @@ pub struct GenRequest {
     /// Prefill the whole prompt, reusing nothing from a slot's cache or the prompt cache
     /// (llama-server's `cache_prompt: false`).
     pub fresh_prompt: bool,
+    /// Embeddings that replace some prompt rows' token embeddings (the image tokens'). A
+    /// cache is reused only up to the first of them.
+    pub embeds: Option<Arc<PromptEmbeds>>,
+}
+
+/// Embeddings for some prompt positions (an image's rows), ascending by position.
+#[derive(Clone, Default, PartialEq)]
+pub struct PromptEmbeds {
+    /// The prompt positions, ascending.
+    pub positions: Vec<usize>,
+    /// `[positions.len(), hidden]`.
+    pub data: Vec<f32>,
+}
+
+impl std::fmt::Debug for PromptEmbeds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PromptEmbeds({} rows)", self.positions.len())
+    }
+}
+
+impl PromptEmbeds {
+    /// The embedding of prompt position `pos`, if it has one.
+    pub fn get(&self, pos: usize) -> Option<&[f32]> {
+        let i = self.positions.binary_search(&pos).ok()?;
+        let h = self.data.len() / self.positions.len();
+        Some(&self.data[i * h..(i + 1) * h])
+    }
+
+    /// The rows of `prompt` equal to `token`, given `data` (`[rows, hidden]`) in order: an
+    /// error when their numbers differ.
+    pub fn at_token(prompt: &[u32], token: u32, data: Vec<f32>, hidden: usize) -> Result<Self> {
+        let positions: Vec<usize> = (0..prompt.len()).filter(|&i| prompt[i] == token).collect();
+        if hidden == 0 || data.len() != positions.len() * hidden {
+            return Err(crate::Error::Input(format!(
+                "the prompt has {} image tokens but the images give {} embeddings: every \
+                 image needs its own placeholder (and no placeholder may stand alone)",
+                positions.len(),
+                data.len() / hidden.max(1)
+            )));
+        }
+        Ok(PromptEmbeds { positions, data })
+    }
 }
 
 /// A generated token (and its logprobs when asked for).
@@ -396,11 +438,15 @@ impl<'t> Scheduler<'t> {
                 self.ctx
             )));
         }
-        // The most prompt tokens a cache may give (the last one is always run, for its logits).
-        let max = if req.fresh_prompt {
-            0
-        } else {
-            prompt.len() - 1
+        // The most prompt tokens a cache may give (the last one is always run, for its logits;
+        // nothing from the first embedded row on: a cache knows tokens, not images).
+        let max = match (&req.embeds, req.fresh_prompt) {
+            (_, true) => 0,
+            (Some(e), _) => e
+                .positions
+                .first()
+                .map_or(prompt.len() - 1, |&p| p.min(prompt.len() - 1)),
+            _ => prompt.len() - 1,
         };
         let Some(slot) = (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none())
@@ -529,6 +575,9 @@ impl<'t> Scheduler<'t> {
             let n = (prompt.len() - start).min(budget);
             for (j, &tok) in prompt[start..start + n].iter().enumerate() {
                 let last = start + j + 1 == prompt.len();
+                if let Some(e) = a.req.embeds.as_ref().and_then(|e| e.get(start + j)) {
+                    pbatch.embeds.push((pbatch.len(), e.to_vec()));
+                }
                 pbatch.push(i, start + j, tok, last);
                 if last {
                     powners.push((i, 1, Vec::new()));
@@ -556,9 +605,14 @@ impl<'t> Scheduler<'t> {
             spec.prefill_drafts(&mut seqs)?;
         }
         let passes = if model.compute.mode() != kernels::Mode::Exact {
+            let base = batch.len();
             for ((&t, r), &l) in pbatch.tokens.iter().zip(&pbatch.rows).zip(&pbatch.logits) {
                 batch.push(r.seq, r.pos, t, l);
             }
+            let embeds = std::mem::take(&mut pbatch.embeds);
+            batch
+                .embeds
+                .extend(embeds.into_iter().map(|(r, e)| (base + r, e)));
             owners.append(&mut powners);
             vec![(batch, owners)]
         } else {

@@ -131,7 +131,15 @@ impl Weights {
     /// The tensor with this HF name, if present.
     pub fn get_opt(&self, name: &str) -> Result<Option<Tensor>> {
         match &self.files {
-            WeightFiles::Safetensors(st) => Ok(st.get(name).cloned()),
+            // A vision-language checkpoint keeps its language model under
+            // `model.language_model.`.
+            WeightFiles::Safetensors(st) => Ok(st
+                .get(name)
+                .or_else(|| {
+                    let rest = name.strip_prefix("model.")?;
+                    st.get(&format!("model.language_model.{rest}"))
+                })
+                .cloned()),
             WeightFiles::Gguf(g) => {
                 let Some(gname) = hf_to_gguf_name(name) else {
                     return Ok(None);

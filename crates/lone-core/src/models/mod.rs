@@ -34,6 +34,9 @@ pub struct Batch {
     /// take the many-row GEMM. Otherwise a prompt pass's logit rows take the exact
     /// matrix-vector head, each the same whatever the pass holds.
     pub score_all: bool,
+    /// Rows whose input is this embedding (`hidden` wide) instead of their token's: an
+    /// image's rows, in place of its image tokens. Row indices ascend.
+    pub embeds: Vec<(usize, Vec<f32>)>,
 }
 
 impl Batch {
@@ -52,6 +55,7 @@ impl Batch {
                 })
                 .collect(),
             logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
+            embeds: Vec::new(),
         }
     }
 
@@ -108,6 +112,8 @@ pub struct Model {
     pub kv_type: KvType,
     /// Numeric mode and threads of this model's forward passes.
     pub compute: crate::kernels::Compute,
+    /// The vision encoder and projector of a vision-language model.
+    pub vision: Option<crate::vision::Vision>,
 }
 
 impl Model {
@@ -122,17 +128,19 @@ impl Model {
                 ),
             });
         }
-        let (cfg, files) = if path.is_dir() {
+        if path.is_dir() {
             let cfg = ModelConfig::from_hf_dir(path)?;
-            (
-                cfg,
-                WeightFiles::Safetensors(SafetensorsFiles::open_dir(path)?),
-            )
+            let vision = crate::vision::VisionConfig::from_hf_dir(path, cfg.hidden_size)?;
+            let files = WeightFiles::Safetensors(SafetensorsFiles::open_dir(path)?);
+            let mut model = Self::from_files(path, cfg, files)?;
+            if let Some(vc) = vision {
+                model.vision = Some(crate::vision::Vision::load(&model.weights, vc, path)?);
+            }
+            Ok(model)
         } else {
             let g = GgufFile::open(path)?;
-            (ModelConfig::from_gguf(&g)?, WeightFiles::Gguf(g))
-        };
-        Self::from_files(path, cfg, files)
+            Self::from_files(path, ModelConfig::from_gguf(&g)?, WeightFiles::Gguf(g))
+        }
     }
 
     /// A model from a GGUF file already read (in memory, say; `path` names it in errors).
@@ -174,6 +182,7 @@ impl Model {
             weights: ws,
             kv_type: KvType::F32,
             compute: Default::default(),
+            vision: None,
         })
     }
 
@@ -234,6 +243,16 @@ impl Model {
                 "batch tokens/rows/logits lengths differ".into(),
             ));
         }
+        for (i, e) in &batch.embeds {
+            if *i >= batch.len() || e.len() != self.cfg.hidden_size {
+                return Err(Error::Input(format!(
+                    "an embedding of {} values for row {i} of {} (the model's width is {})",
+                    e.len(),
+                    batch.len(),
+                    self.cfg.hidden_size
+                )));
+            }
+        }
         let mut next: Vec<usize> = caches.iter().map(|c| c.len()).collect();
         for (&t, r) in batch.tokens.iter().zip(&batch.rows) {
             if t as usize >= self.cfg.vocab_size {
@@ -278,7 +297,11 @@ impl Model {
         if batch.is_empty() {
             return Ok(out);
         }
-        let x = self.embed.forward(&batch.tokens);
+        let mut x = self.embed.forward(&batch.tokens);
+        let h = self.cfg.hidden_size;
+        for (i, e) in &batch.embeds {
+            x[i * h..(i + 1) * h].copy_from_slice(e);
+        }
         if capture_hidden {
             out.hidden.push(x.clone());
         }

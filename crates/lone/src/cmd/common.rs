@@ -349,3 +349,50 @@ impl GrammarArgs {
         Ok(Some(g.compile(&spec, None)?))
     }
 }
+
+/// The prompt of a request with images: `user` as a chat turn (with the images before its
+/// text) or raw (each image where it says `<image>`, else before it), the images read from
+/// `files`, decoded, processed and encoded.
+pub fn image_prompt(
+    model: &lone_core::Model,
+    text: &lone_core::text::TextIo,
+    system: Option<&str>,
+    user: &str,
+    files: &[std::path::PathBuf],
+    chat: bool,
+) -> Result<lone_core::vision::ImagePrompt> {
+    use lone_core::vision::{image, IMAGE_MARKER};
+    let Some(vision) = &model.vision else {
+        anyhow::bail!(
+            "this model takes no images (it has no vision tower): use a vision-language model \
+             such as LFM2-VL"
+        );
+    };
+    let mut images = Vec::with_capacity(files.len());
+    for f in files {
+        let bytes = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+        images.push(
+            image::decode(&bytes, lone_core::vision::MAX_IMAGE_PIXELS)
+                .with_context(|| format!("cannot use {} as an image", f.display()))?,
+        );
+    }
+    // Images go before the text unless it places them itself.
+    let n_before = if user.contains(IMAGE_MARKER) {
+        0
+    } else {
+        files.len()
+    };
+    let prompt = if chat {
+        let mut content = vec![serde_json::json!({"type": "image"}); n_before];
+        content.push(serde_json::json!({"type": "text", "text": user}));
+        let mut msgs = Vec::new();
+        if let Some(s) = system {
+            msgs.push(serde_json::json!({"role": "system", "content": s}));
+        }
+        msgs.push(serde_json::json!({"role": "user", "content": content}));
+        text.render_chat(&msgs, true)?
+    } else {
+        format!("{}{user}", IMAGE_MARKER.repeat(n_before))
+    };
+    Ok(vision.prompt(&text.tokenizer, &prompt, !chat, &images)?)
+}

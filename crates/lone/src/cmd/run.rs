@@ -26,6 +26,10 @@ pub struct RunArgs {
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// An image for a vision-language model (repeatable; PNG, JPEG, WebP, GIF). Each goes
+    /// where the prompt says `<image>`, or before the text when it does not.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub image: Vec<PathBuf>,
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
@@ -63,7 +67,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let path = common::resolve_model(a.model.as_deref())?;
     let model = common::load_model(&path, a.threads)?;
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
+    let mut embeds = None;
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
+        (None, Some(p)) if !a.image.is_empty() => {
+            let ip = common::image_prompt(&model, &text, a.system.as_deref(), p, &a.image, a.chat)?;
+            embeds = Some(std::sync::Arc::new(ip.embeds));
+            ip.ids
+        }
         (Some(ids), _) => ids.clone(),
         (None, Some(p)) if a.chat => text.chat_prompt(a.system.as_deref(), p)?,
         (None, Some(p)) => text.encode_raw(p)?,
@@ -89,6 +99,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         spec: a.spec.build(&model, &text)?,
         spec_params: None,
         constraint: a.grammar.build(&model, &text)?,
+        embeds,
     };
     let mut cache = model.new_cache();
     let mut out = std::io::stdout().lock();

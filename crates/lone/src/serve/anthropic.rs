@@ -71,6 +71,27 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
     }
 }
 
+/// An `image` block (`source`: base64 with its media type, or a URL) as an OpenAI
+/// `image_url` part.
+fn image_part(block: &Value, what: &str) -> Result<Value, ApiError> {
+    let src = block.get("source").unwrap_or(&Value::Null);
+    let s = |k: &str| src.get(k).and_then(Value::as_str);
+    let url = match (s("type"), s("media_type"), s("data"), s("url")) {
+        (Some("base64"), Some(mt), Some(data), _) => format!("data:{mt};base64,{data}"),
+        (Some("url"), _, _, Some(url)) => url.to_string(),
+        _ => {
+            return Err(ApiError::invalid(
+                what,
+                format!(
+                    "{what}: an image block needs a source {{\"type\": \"base64\", \
+                     \"media_type\", \"data\"}}"
+                ),
+            ))
+        }
+    };
+    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+}
+
 /// The OpenAI-shaped chat request for a Messages request.
 pub(super) fn openai_request(v: &Value, counting: bool) -> Result<Value, ApiError> {
     let mut out = Map::new();
@@ -89,10 +110,26 @@ pub(super) fn openai_request(v: &Value, counting: bool) -> Result<Value, ApiErro
                 format!("messages.{i}.role must be 'user' or 'assistant'"),
             ));
         }
-        let content = text_of(
-            m.get("content").unwrap_or(&Value::Null),
-            &format!("messages.{i}.content"),
-        )?;
+        let what = format!("messages.{i}.content");
+        let content = match m.get("content") {
+            // Image blocks become OpenAI image_url parts, text blocks text parts.
+            Some(Value::Array(blocks))
+                if blocks
+                    .iter()
+                    .any(|b| b.get("type").and_then(Value::as_str) == Some("image")) =>
+            {
+                let mut parts = Vec::new();
+                for b in blocks {
+                    if b.get("type").and_then(Value::as_str) == Some("image") {
+                        parts.push(image_part(b, &what)?);
+                    } else {
+                        parts.push(json!({"type": "text", "text": text_of(&Value::Array(vec![b.clone()]), &what)?}));
+                    }
+                }
+                Value::Array(parts)
+            }
+            c => Value::String(text_of(c.unwrap_or(&Value::Null), &what)?),
+        };
         msgs.push(json!({"role": role, "content": content}));
     }
     out.insert("messages".into(), Value::Array(msgs));

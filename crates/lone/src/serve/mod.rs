@@ -9,6 +9,7 @@ mod embeddings;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzzing;
+mod images;
 pub mod local;
 pub mod log;
 pub mod metrics;
@@ -169,6 +170,8 @@ pub struct Ready {
     params_label: String,
     /// Embedding width.
     hidden: usize,
+    /// The model takes images (it has a vision tower).
+    vision: bool,
     /// Host memory it takes with every slot's cache full (weights + caches), for
     /// `--mem-budget`.
     mem_bytes: u64,
@@ -381,6 +384,7 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
     }
     let vocab = model.cfg.vocab_size;
     let hidden = model.cfg.hidden_size;
+    let vision = model.vision.is_some();
     let text = Arc::new(text);
     let cfg = EngineConfig {
         parallel: a.parallel,
@@ -427,6 +431,7 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
         params: info.params,
         params_label,
         hidden,
+        vision,
     })
 }
 
@@ -613,9 +618,13 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 /// A model as `/v1/models` lists it, with llama-server's router `status`.
 fn model_object(st: &AppState, e: &models::Entry, status: &models::Status) -> Value {
+    let mut caps = vec!["completion"];
+    if lone_core::vision::takes_images(&e.path) {
+        caps.push("vision");
+    }
     json!({
         "id": e.id, "object": "model", "created": st.created, "owned_by": "lone",
-        "status": {"value": status.name()},
+        "status": {"value": status.name()}, "capabilities": caps,
     })
 }
 
@@ -927,14 +936,21 @@ fn start(
             (Vec::new(), p)
         }
     };
+    let images = images::decode_all(ready, &openai::message_images(&msgs))?;
+    let mut embeds = None;
     let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
             let prompt_text = render_chat(ready, &msgs, &plan)?;
-            let ids = tokio::task::block_in_place(|| text.tokenizer.encode(&prompt_text, false))
-                .map_err(|e| {
-                    bad_request("messages", format!("cannot apply the chat template: {e}"))
-                })?;
+            let ids = if images.is_empty() {
+                tokio::task::block_in_place(|| text.tokenizer.encode(&prompt_text, false)).map_err(
+                    |e| bad_request("messages", format!("cannot apply the chat template: {e}")),
+                )?
+            } else {
+                let p = images::prompt(ready, &prompt_text, images)?;
+                embeds = Some(Arc::new(p.embeds));
+                p.ids
+            };
             if log_cfg.prompts {
                 prompt_log = Some(prompt_text.clone());
             }
@@ -1087,6 +1103,7 @@ fn start(
                 keep_special: plan.keep_special,
                 constraint: plan.constraint.clone(),
                 fresh_prompt: common.cache_prompt == Some(false),
+                embeds: embeds.clone(),
                 ..Default::default()
             });
         }

@@ -197,7 +197,11 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
                 if let Some(s) = v.get("system").and_then(Value::as_str) {
                     msgs.push(json!({"role": "system", "content": s}));
                 }
-                msgs.push(json!({"role": "user", "content": prompt}));
+                let mut user = json!({"role": "user", "content": prompt});
+                if let Some(images) = v.get("images").filter(|i| !i.is_null()) {
+                    user["images"] = images.clone();
+                }
+                msgs.push(user);
                 req.insert("messages".into(), Value::Array(msgs));
                 (Kind::Chat, "/api/generate")
             }
@@ -399,6 +403,9 @@ pub(super) async fn show(
     let mut caps = vec!["completion"];
     if template.contains("tools") {
         caps.push("tools");
+    }
+    if ready.vision {
+        caps.push("vision");
     }
     Json(json!({
         "modelfile": format!("FROM {}\n", ready.path.display()),

@@ -387,7 +387,9 @@ impl Common {
     }
 }
 
-/// Chat messages as the template wants them: `content` parts joined into one string.
+/// Chat messages as the template wants them: text `content` parts joined into one string;
+/// with images (`image_url` parts, ollama's `images`), transformers' list of `{"type":
+/// "image", "image": URL}` and `{"type": "text"}` parts.
 pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -418,17 +420,53 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         if obj.get("role").and_then(Value::as_str) == Some("developer") {
             obj.insert("role".into(), Value::String("system".into()));
         }
-        let content = match obj.get("content") {
-            None | Some(Value::Null) => Value::String(String::new()),
-            Some(Value::String(s)) => Value::String(s.clone()),
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for p in parts {
+        // ollama's images ride on the message, before its text.
+        let mut images: Vec<String> = Vec::new();
+        if let Some(list) = obj.remove("images").filter(|v| !v.is_null()) {
+            let Some(list) = list.as_array() else {
+                return Err(bad("'images' must be a list of base64 strings"));
+            };
+            for img in list {
+                let Some(b64) = img.as_str() else {
+                    return Err(bad("'images' must be a list of base64 strings"));
+                };
+                images.push(b64.to_string());
+            }
+        }
+        let mut parts: Vec<Value> = images
+            .iter()
+            .map(|i| json!({"type": "image", "image": i}))
+            .collect();
+        let mut text = String::new();
+        match obj.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => text.push_str(s),
+            Some(Value::Array(list)) => {
+                for p in list {
                     match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => s.push_str(t),
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (Some("image_url"), _) => {
+                            // {"image_url": {"url": ...}} or {"image_url": "..."}
+                            let iu = p.get("image_url");
+                            let Some(url) =
+                                iu.and_then(|u| u.get("url")).or(iu).and_then(Value::as_str)
+                            else {
+                                return Err(bad(
+                                    "image_url parts must be {\"type\": \"image_url\", \
+                                     \"image_url\": {\"url\": ...}}",
+                                ));
+                            };
+                            if !text.is_empty() {
+                                parts.push(
+                                    json!({"type": "text", "text": std::mem::take(&mut text)}),
+                                );
+                            }
+                            parts.push(json!({"type": "image", "image": url}));
+                        }
                         (Some(t), _) if t != "text" => {
                             return Err(bad(&format!(
-                                "content parts of type '{t}' are not supported (text only)"
+                                "content parts of type '{t}' are not supported (text and \
+                                 image_url only)"
                             )))
                         }
                         _ => {
@@ -438,13 +476,22 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
                         }
                     }
                 }
-                Value::String(s)
             }
             Some(_) => {
                 return Err(bad(
-                    "'content' must be a string, an array of text parts or null",
+                    "'content' must be a string, an array of content parts or null",
                 ))
             }
+        }
+        // Text-only messages keep a string (what every template expects); with images the
+        // content is transformers' list of parts ({"type": "image"} / {"type": "text"}).
+        let content = if parts.is_empty() {
+            Value::String(text)
+        } else {
+            if !text.is_empty() {
+                parts.push(json!({"type": "text", "text": text}));
+            }
+            Value::Array(parts)
         };
         obj.insert("content".into(), content);
         out.push(Value::Object(obj));
@@ -819,6 +866,16 @@ impl Chunker {
     }
 }
 
+/// The images of normalized chat messages, in prompt order (each part's URL or base64).
+pub fn message_images(msgs: &[Value]) -> Vec<String> {
+    msgs.iter()
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter(|p| p.get("type").and_then(Value::as_str) == Some("image"))
+        .filter_map(|p| p.get("image").and_then(Value::as_str).map(str::to_string))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -890,5 +947,43 @@ mod tests {
         assert!(normalize_messages(&[json!({"role": "user", "content": 5})]).is_err());
         let m = normalize_messages(&[json!({"role": "developer", "content": "be brief"})]).unwrap();
         assert_eq!(m[0]["role"], "system");
+    }
+
+    #[test]
+    fn image_parts_become_transformers_parts_in_order() {
+        let m = normalize_messages(&[json!({"role": "user", "content": [
+            {"type": "text", "text": "a "},
+            {"type": "image_url", "image_url": {"url": "data:1"}},
+            {"type": "text", "text": "b"},
+            {"type": "image_url", "image_url": "data:2"},
+        ]})])
+        .unwrap();
+        assert_eq!(
+            m[0]["content"],
+            json!([{"type": "text", "text": "a "}, {"type": "image", "image": "data:1"},
+                   {"type": "text", "text": "b"}, {"type": "image", "image": "data:2"}])
+        );
+        // ollama: the message's images come before its text.
+        let o = normalize_messages(&[json!({"role": "user", "content": "hi", "images": ["QUJD"]})])
+            .unwrap();
+        assert_eq!(
+            o[0]["content"],
+            json!([{"type": "image", "image": "QUJD"}, {"type": "text", "text": "hi"}])
+        );
+        assert!(o[0].get("images").is_none());
+        let all: Vec<Value> = m.into_iter().chain(o).collect();
+        assert_eq!(message_images(&all), ["data:1", "data:2", "QUJD"]);
+        for bad in [
+            json!({"role": "user", "content": [{"type": "image_url"}]}),
+            json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": 3}}]}),
+            json!({"role": "user", "content": "x", "images": "QUJD"}),
+            json!({"role": "user", "content": "x", "images": [1]}),
+            json!({"role": "user", "content": [{"type": "input_audio"}]}),
+        ] {
+            assert!(
+                normalize_messages(std::slice::from_ref(&bad)).is_err(),
+                "{bad} accepted"
+            );
+        }
     }
 }

@@ -1,0 +1,495 @@
+//! Vision-language models (LFM2-VL): images → patches ([`image`]) → the SigLIP2 NaFlex
+//! encoder ([`encoder`]) → the pixel-unshuffle projector → embeddings that take the place of
+//! the prompt's image tokens ([`crate::models::Batch::embeds`]).
+//!
+//! Reads like transformers' `modeling_lfm2_vl.py` and `modeling_siglip2.py`; the f32 path
+//! matches them within 1e-4 (tests/vision.rs).
+
+pub mod encoder;
+pub mod image;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::loader::Weights;
+use crate::nn::Linear;
+
+pub use encoder::Encoder;
+
+/// The vision tower and projector of a vision-language checkpoint (`config.json`'s
+/// `vision_config` and the projector fields around it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionConfig {
+    pub model_type: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub patch_size: usize,
+    /// Positions of the learned position-embedding grid (a square).
+    pub num_patches: usize,
+    pub layer_norm_eps: f32,
+    /// The token the processor repeats once per image embedding.
+    pub image_token_id: u32,
+    pub downsample_factor: usize,
+    pub projector_hidden_size: usize,
+    pub projector_bias: bool,
+    pub projector_layernorm: bool,
+    /// The language model's hidden size (the projector's output).
+    pub text_hidden_size: usize,
+}
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
+fn usize_of(v: &Value, key: &str, default: Option<usize>) -> Result<usize> {
+    match v.get(key) {
+        Some(x) => x
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| bad(format!("config.json: {key} must be a non-negative integer"))),
+        None => default.ok_or_else(|| bad(format!("config.json: {key} is missing"))),
+    }
+}
+
+impl VisionConfig {
+    /// Whether `model_type` names a vision-language checkpoint lone reads.
+    pub fn is_vl_model_type(model_type: &str) -> bool {
+        model_type == "lfm2_vl"
+    }
+
+    /// The vision part of a HF checkpoint directory's `config.json` (`None` for a text-only
+    /// model).
+    pub fn from_hf_dir(dir: &std::path::Path, text_hidden_size: usize) -> Result<Option<Self>> {
+        let path = dir.join("config.json");
+        let text = crate::error::read_text(&path)?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+            path: path.clone(),
+            msg: format!("invalid JSON: {e}"),
+        })?;
+        Self::from_hf_json(&v, text_hidden_size)
+    }
+
+    /// The vision part of a HF `config.json` (`None` for a text-only model).
+    pub fn from_hf_json(v: &Value, text_hidden_size: usize) -> Result<Option<VisionConfig>> {
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+        if !Self::is_vl_model_type(model_type) {
+            return Ok(None);
+        }
+        let vc = v
+            .get("vision_config")
+            .filter(|x| x.is_object())
+            .ok_or_else(|| {
+                bad(format!(
+                    "config.json: a {model_type} model needs a vision_config"
+                ))
+            })?;
+        let act = vc
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("gelu_pytorch_tanh");
+        let pact = v
+            .get("projector_hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("gelu");
+        if act != "gelu_pytorch_tanh" || pact != "gelu" {
+            return Err(Error::Unsupported(format!(
+                "vision activations {act}/{pact}: lone runs gelu_pytorch_tanh in the encoder and \
+                 gelu in the projector"
+            )));
+        }
+        let cfg = VisionConfig {
+            model_type: model_type.to_string(),
+            hidden_size: usize_of(vc, "hidden_size", Some(768))?,
+            intermediate_size: usize_of(vc, "intermediate_size", Some(3072))?,
+            n_layers: usize_of(vc, "num_hidden_layers", Some(12))?,
+            n_heads: usize_of(vc, "num_attention_heads", Some(12))?,
+            patch_size: usize_of(vc, "patch_size", Some(16))?,
+            num_patches: usize_of(vc, "num_patches", Some(256))?,
+            layer_norm_eps: vc
+                .get("layer_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6) as f32,
+            image_token_id: usize_of(v, "image_token_id", Some(396))? as u32,
+            downsample_factor: usize_of(v, "downsample_factor", Some(2))?,
+            projector_hidden_size: usize_of(v, "projector_hidden_size", Some(2560))?,
+            projector_bias: v
+                .get("projector_bias")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+            projector_layernorm: v
+                .get("projector_use_layernorm")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+            text_hidden_size,
+        };
+        cfg.validate()?;
+        Ok(Some(cfg))
+    }
+
+    fn validate(&self) -> Result<()> {
+        let grid = (self.num_patches as f64).sqrt() as usize;
+        let dims = [
+            self.hidden_size,
+            self.intermediate_size,
+            self.n_layers,
+            self.n_heads,
+            self.patch_size,
+            self.downsample_factor,
+            self.projector_hidden_size,
+        ];
+        if dims.iter().any(|&d| d == 0 || d > crate::config::MAX_DIM)
+            || grid * grid != self.num_patches
+            || !self.hidden_size.is_multiple_of(self.n_heads)
+            || self.n_layers > crate::config::MAX_LAYERS
+        {
+            return Err(bad(format!(
+                "config.json: vision_config is inconsistent (hidden {} with {} heads, {} layers, \
+                 patch {}, {} position patches (a square), downsample {})",
+                self.hidden_size,
+                self.n_heads,
+                self.n_layers,
+                self.patch_size,
+                self.num_patches,
+                self.downsample_factor
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the model at `path` takes images (a checkpoint directory whose `config.json`
+/// names a vision-language model), without loading it.
+pub fn takes_images(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| {
+            v.get("model_type")?
+                .as_str()
+                .map(VisionConfig::is_vl_model_type)
+        })
+        .unwrap_or(false)
+}
+
+/// Layer norm with weight and bias (torch's `nn.LayerNorm`), over each `w.len()`-wide row.
+pub struct LayerNorm {
+    pub w: Vec<f32>,
+    pub b: Vec<f32>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn load(ws: &Weights, name: &str, dim: usize, eps: f32) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            w: ws.get_f32(&format!("{name}.weight"), &[dim])?,
+            b: ws.get_f32(&format!("{name}.bias"), &[dim])?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &mut [f32]) {
+        let d = self.w.len();
+        for row in x.chunks_exact_mut(d) {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+            let var = row
+                .iter()
+                .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+                .sum::<f64>()
+                / d as f64;
+            let inv = 1.0 / (var + self.eps as f64).sqrt();
+            for ((v, &w), &b) in row.iter_mut().zip(&self.w).zip(&self.b) {
+                *v = ((*v as f64 - mean) * inv) as f32 * w + b;
+            }
+        }
+    }
+}
+
+/// The error function in f64: its Maclaurin series below 2.5, erfc's continued fraction
+/// above (both to about 1e-13, far below f32's rounding).
+fn erf(x: f64) -> f64 {
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        // Maclaurin series: erf(x) = 2/√π Σ (-1)^n x^(2n+1) / (n! (2n+1)).
+        let (mut term, mut sum, x2) = (ax, ax, ax * ax);
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -x2 / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        // erfc(x) = e^{-x²}/(x√π) · 1/(1 + 1/(2x²)/(1 + 2/(2x²)/(1 + ...))) (Lentz).
+        let x2 = ax * ax;
+        let mut f = ax;
+        let (mut c, mut d) = (ax, 0.0);
+        for k in 1..200 {
+            let a = k as f64 / 2.0;
+            d = ax + a * d;
+            d = if d == 0.0 { 1e-300 } else { 1.0 / d };
+            c = ax + a / c;
+            let delta = c * d;
+            f *= delta;
+            if (delta - 1.0).abs() < 1e-16 {
+                break;
+            }
+        }
+        1.0 - (-x2).exp() / (f * std::f64::consts::PI.sqrt())
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// torch's exact GELU: x·Φ(x).
+pub fn gelu_erf(x: &mut [f32]) {
+    for v in x {
+        let t = *v as f64;
+        *v = (0.5 * t * (1.0 + erf(t / std::f64::consts::SQRT_2))) as f32;
+    }
+}
+
+/// torch's tanh GELU (`gelu_pytorch_tanh`).
+pub fn gelu_tanh(x: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    for v in x {
+        let t = *v;
+        *v = 0.5 * t * (1.0 + (C * (t + 0.044715 * t * t * t)).tanh());
+    }
+}
+
+/// Pixel-unshuffle, layer norm and the two-layer MLP mapping the encoder's patches to the
+/// language model's embeddings (`Lfm2VlMultiModalProjector`).
+pub struct Projector {
+    pub norm: Option<LayerNorm>,
+    pub linear_1: Linear,
+    pub linear_2: Linear,
+    pub factor: usize,
+}
+
+impl Projector {
+    pub fn load(ws: &Weights, cfg: &VisionConfig) -> Result<Projector> {
+        let f = cfg.downsample_factor;
+        let inner = cfg.hidden_size * f * f;
+        let p = "model.multi_modal_projector";
+        Ok(Projector {
+            norm: if cfg.projector_layernorm {
+                Some(LayerNorm::load(
+                    ws,
+                    &format!("{p}.layer_norm"),
+                    inner,
+                    1e-5,
+                )?)
+            } else {
+                None
+            },
+            linear_1: Linear::load(
+                ws,
+                &format!("{p}.linear_1"),
+                inner,
+                cfg.projector_hidden_size,
+                cfg.projector_bias,
+            )?,
+            linear_2: Linear::load(
+                ws,
+                &format!("{p}.linear_2"),
+                cfg.projector_hidden_size,
+                cfg.text_hidden_size,
+                cfg.projector_bias,
+            )?,
+            factor: f,
+        })
+    }
+
+    /// One tile's encoder output `x` (`[h·w, c]`, patch rows of `w`) → `[(h/f)·(w/f), text
+    /// hidden]`: each output gathers its f×f block of patches, row by row.
+    pub fn forward(&self, x: &[f32], h: usize, w: usize) -> Vec<f32> {
+        let f = self.factor;
+        let c = x.len() / (h * w).max(1);
+        let (bh, bw) = (h / f, w / f);
+        let mut u = Vec::with_capacity(bh * bw * c * f * f);
+        for br in 0..bh {
+            for bc in 0..bw {
+                for i in 0..f {
+                    for j in 0..f {
+                        let p = (br * f + i) * w + bc * f + j;
+                        u.extend_from_slice(&x[p * c..(p + 1) * c]);
+                    }
+                }
+            }
+        }
+        if let Some(n) = &self.norm {
+            n.forward(&mut u);
+        }
+        let mut y = self.linear_1.forward(&u, bh * bw);
+        gelu_erf(&mut y);
+        self.linear_2.forward(&y, bh * bw)
+    }
+}
+
+/// The vision side of a vision-language model: image processor, encoder and projector.
+pub struct Vision {
+    pub cfg: VisionConfig,
+    pub processor: image::ProcessorConfig,
+    pub encoder: Encoder,
+    pub projector: Projector,
+}
+
+/// The most pixels an image may declare before it is decoded (PIL's decompression-bomb
+/// error threshold is about 179 M; a phone photo has 12–50 M).
+pub const MAX_IMAGE_PIXELS: u64 = 1 << 27;
+
+/// What a chat template (or a raw prompt) writes where an image goes; the processor expands
+/// each into the image's placeholder tokens.
+pub const IMAGE_MARKER: &str = "<image>";
+
+/// A prompt with images: its tokens and the embeddings of its image rows.
+pub struct ImagePrompt {
+    pub ids: Vec<u32>,
+    pub embeds: crate::engine::PromptEmbeds,
+    /// Encoder inputs per image: tiles and image tokens (for logs and `--json`).
+    pub images: Vec<(usize, usize)>,
+}
+
+impl Vision {
+    /// The vision side of the checkpoint in `dir` (`processor_config.json` or
+    /// `preprocessor_config.json` configures the image processor; transformers' defaults
+    /// without either).
+    pub fn load(ws: &Weights, cfg: VisionConfig, dir: &std::path::Path) -> Result<Vision> {
+        let mut processor = image::ProcessorConfig::default();
+        for name in ["processor_config.json", "preprocessor_config.json"] {
+            let path = dir.join(name);
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+                    path: path.clone(),
+                    msg: format!("invalid JSON: {e}"),
+                })?;
+                processor = image::ProcessorConfig::from_json(&v)?;
+                break;
+            }
+        }
+        if processor.downsample_factor != cfg.downsample_factor
+            || processor.encoder_patch_size != cfg.patch_size
+        {
+            return Err(bad(format!(
+                "the image processor's patch {} / downsample {} differ from the model's {} / {}",
+                processor.encoder_patch_size,
+                processor.downsample_factor,
+                cfg.patch_size,
+                cfg.downsample_factor
+            )));
+        }
+        Ok(Vision {
+            encoder: Encoder::load(ws, &cfg)?,
+            projector: Projector::load(ws, &cfg)?,
+            processor,
+            cfg,
+        })
+    }
+
+    /// Tokenize `text`, whose [`IMAGE_MARKER`]s stand for `images` in order, with each marker
+    /// expanded into its image's placeholder tokens, and encode the images: the prompt's
+    /// tokens and the embeddings of its image rows.
+    pub fn prompt(
+        &self,
+        tokenizer: &crate::tokenizer::Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+        images: &[image::Rgb8],
+    ) -> Result<ImagePrompt> {
+        let markers = text.matches(IMAGE_MARKER).count();
+        if markers != images.len() {
+            return Err(Error::Input(format!(
+                "the prompt has {markers} image placeholders ({IMAGE_MARKER}) for {} images",
+                images.len()
+            )));
+        }
+        let mut expanded = String::with_capacity(text.len());
+        let mut data = Vec::new();
+        let mut info = Vec::new();
+        let mut pieces = text.split(IMAGE_MARKER);
+        expanded.push_str(pieces.next().unwrap_or_default());
+        for (img, rest) in images.iter().zip(pieces) {
+            let p = image::preprocess(img, &self.processor)?;
+            expanded.push_str(&p.placeholder(&self.processor));
+            expanded.push_str(rest);
+            let e = self.embed_image(&p)?;
+            info.push((p.tiles.len(), e.len() / self.cfg.text_hidden_size));
+            data.extend(e);
+        }
+        let ids = tokenizer.encode(&expanded, add_special_tokens)?;
+        let embeds = crate::engine::PromptEmbeds::at_token(
+            &ids,
+            self.cfg.image_token_id,
+            data,
+            self.cfg.text_hidden_size,
+        )?;
+        Ok(ImagePrompt {
+            ids,
+            embeds,
+            images: info,
+        })
+    }
+
+    /// The embeddings of one tile's patches (`pixels`: `[h·w, 3·p·p]` in the processor's
+    /// order), `(h/f)·(w/f)` rows of the language model's width. Always computed exactly
+    /// (f32 activations), each tile on its own: an image's embeddings never depend on what
+    /// else is being encoded.
+    pub fn embed_tile(&self, pixels: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+        let f = self.cfg.downsample_factor;
+        if h == 0 || w == 0 || !h.is_multiple_of(f) || !w.is_multiple_of(f) {
+            return Err(Error::Input(format!(
+                "an image tile of {h}×{w} patches: both must be positive multiples of {f}"
+            )));
+        }
+        let hidden = self.encoder.forward(pixels, h, w)?;
+        let pass = crate::kernels::Pass {
+            kind: crate::kernels::PassKind::ExactPrompt,
+            mode: crate::kernels::Mode::Exact,
+            threads: None,
+        };
+        let _scope = pass.enter();
+        Ok(self.projector.forward(&hidden, h, w))
+    }
+
+    /// The embeddings of a preprocessed image: every tile's, in the processor's order (the
+    /// order of its image tokens).
+    pub fn embed_image(&self, img: &image::Processed) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for t in &img.tiles {
+            out.extend(self.embed_tile(&t.pixels, t.h_patches, t.w_patches)?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        // Values from the definition (e.g. mpmath's erf to 17 digits).
+        let cases = [
+            (0.0, 0.0),
+            (0.1, 0.112_462_916_018_284_89),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (2.5, 0.999_593_047_982_555),
+            (3.0, 0.999_977_909_503_001_4),
+            (-1.5, -0.966_105_146_475_310_7),
+        ];
+        for (x, want) in cases {
+            assert!(
+                (erf(x) - want).abs() < 1e-14,
+                "erf({x}) = {} want {want}",
+                erf(x)
+            );
+        }
+    }
+}

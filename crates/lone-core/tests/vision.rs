@@ -1,0 +1,280 @@
+//! LFM2-VL against transformers on the committed fixture (tests/reference/fixtures/lfm2_vl,
+//! made by tests/reference/vision/generate.py): the vision tower's last hidden state, the
+//! projector's embeddings, and the language model's logits and greedy tokens with those
+//! embeddings in place of the image tokens — the f32 path, within 1e-4.
+
+use std::path::{Path, PathBuf};
+
+use lone_core::kernels::Mode;
+use lone_core::npy;
+use lone_core::vision::image::{self, ProcessorConfig};
+use lone_core::{Batch, Model};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures/lfm2_vl")
+}
+
+fn json<T: serde::de::DeserializeOwned>(p: &Path) -> T {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            if x.is_nan() || y.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b }) as u32
+}
+
+fn load() -> Model {
+    let mut m = Model::load(&fixture()).unwrap();
+    m.compute.mode = Some(Mode::Exact);
+    m
+}
+
+/// The image rows of `ids` with `features` (`[n_image_tokens, hidden]`, in order).
+fn image_embeds(
+    ids: &[u32],
+    image_token: u32,
+    features: &[f32],
+    h: usize,
+) -> Vec<(usize, Vec<f32>)> {
+    let rows: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == image_token).collect();
+    assert_eq!(rows.len() * h, features.len(), "image tokens vs features");
+    rows.iter()
+        .zip(features.chunks_exact(h))
+        .map(|(&r, f)| (r, f.to_vec()))
+        .collect()
+}
+
+/// Prefill of prompt + greedy tokens (every row's logits), token-by-token decode, and greedy
+/// generation, all against transformers' rows.
+fn check_language_model(model: &Model, case: &Path, features: &[f32], what: &str) {
+    let ids: Vec<u32> = json(&case.join("input_ids.json"));
+    let greedy: Vec<u32> = json(&case.join("greedy.json"));
+    let reference = npy::read(&case.join("logits.npy")).unwrap();
+    let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
+    let image_token = model.vision.as_ref().unwrap().cfg.image_token_id;
+    let embeds = image_embeds(&ids, image_token, features, h);
+    let seq: Vec<u32> = ids.iter().chain(&greedy).copied().collect();
+    assert_eq!(reference.shape, vec![seq.len(), v]);
+
+    let mut batch = Batch::for_sequence(0, 0, &seq, true);
+    batch.embeds = embeds.clone();
+    let mut cache = model.new_cache();
+    let out = model
+        .forward(&batch, std::slice::from_mut(&mut cache))
+        .unwrap();
+    let d = max_diff(&out.logits, &reference.data);
+    eprintln!("{what}: prefill max |Δ logit| {d:e}");
+    assert!(d <= 1e-4, "{what}: prefill logits differ by {d}");
+
+    // Token by token, each image row fed as its embedding.
+    let mut cache = model.new_cache();
+    for (i, &t) in seq.iter().enumerate() {
+        let mut b = Batch::for_sequence(0, i, &[t], true);
+        if let Some((_, e)) = embeds.iter().find(|(r, _)| *r == i) {
+            b.embeds = vec![(0, e.clone())];
+        }
+        let out = model.forward(&b, std::slice::from_mut(&mut cache)).unwrap();
+        let d = max_diff(&out.logits, &reference.data[i * v..(i + 1) * v]);
+        assert!(d <= 1e-4, "{what}: decode row {i} differs by {d}");
+    }
+
+    // Greedy: the prompt (with its images) once, then a token at a time.
+    let mut b = Batch::for_sequence(0, 0, &ids, false);
+    b.embeds = embeds;
+    let mut cache = model.new_cache();
+    let mut tok = argmax(
+        &model
+            .forward(&b, std::slice::from_mut(&mut cache))
+            .unwrap()
+            .logits,
+    );
+    let mut got = vec![tok];
+    while got.len() < greedy.len() {
+        let b = Batch::for_sequence(0, cache.len(), &[tok], true);
+        tok = argmax(
+            &model
+                .forward(&b, std::slice::from_mut(&mut cache))
+                .unwrap()
+                .logits,
+        );
+        got.push(tok);
+    }
+    assert_eq!(
+        got, greedy,
+        "{what}: greedy tokens differ from transformers"
+    );
+}
+
+/// transformers' own pixel values (case `one`) through lone's encoder and projector.
+#[test]
+fn vision_tower_and_projector_match_transformers() {
+    let model = load();
+    let vision = model
+        .vision
+        .as_ref()
+        .expect("lfm2_vl loads its vision tower");
+    let case = fixture().join("cases/one");
+    let pixels = npy::read(&case.join("pixel_values.npy")).unwrap();
+    let shapes: Vec<[usize; 2]> = json(&case.join("spatial_shapes.json"));
+    let [h, w] = shapes[0];
+    assert_eq!(pixels.shape, vec![h * w, 3 * 16 * 16]);
+
+    let hidden = vision.encoder.forward(&pixels.data, h, w).unwrap();
+    let want = npy::read(&case.join("vision.npy")).unwrap();
+    let d = max_diff(&hidden, &want.data);
+    eprintln!("vision tower: max |Δ| {d:e}");
+    assert!(d <= 1e-4, "vision tower's last hidden state differs by {d}");
+
+    let features = vision.embed_tile(&pixels.data, h, w).unwrap();
+    let want = npy::read(&case.join("features.npy")).unwrap();
+    assert_eq!(want.shape, vec![(h / 2) * (w / 2), model.cfg.hidden_size]);
+    let d = max_diff(&features, &want.data);
+    eprintln!("projector: max |Δ| {d:e}");
+    assert!(d <= 1e-4, "projector output differs by {d}");
+
+    check_language_model(&model, &case, &features, "lfm2_vl one image");
+}
+
+/// transformers' image embeddings in place of the image tokens, for every case (several
+/// images, tiles with a thumbnail, tiling off): the language model's side of the bar.
+#[test]
+fn language_model_with_image_embeddings_matches_transformers() {
+    let model = load();
+    for case in ["one", "two", "tiled", "untiled", "square"] {
+        let dir = fixture().join("cases").join(case);
+        let features = npy::read(&dir.join("features.npy")).unwrap();
+        check_language_model(&model, &dir, &features.data, &format!("lfm2_vl {case}"));
+    }
+}
+
+/// An embedding of the wrong width, or for a row the batch does not have, is an error.
+#[test]
+fn bad_embeddings_are_errors() {
+    let model = load();
+    let h = model.cfg.hidden_size;
+    for embeds in [vec![(0, vec![0.0; h - 1])], vec![(3, vec![0.0; h])]] {
+        let mut b = Batch::for_sequence(0, 0, &[1, 2, 3], false);
+        b.embeds = embeds;
+        let mut cache = model.new_cache();
+        assert!(model.forward(&b, std::slice::from_mut(&mut cache)).is_err());
+    }
+}
+
+/// The whole path from the PNG files: lone's chat template render, image decoding and
+/// processing, placeholder expansion and tokenization give transformers' prompt ids, and its
+/// encoder the embeddings; then the language model's logits and greedy tokens.
+#[test]
+fn images_from_files_through_every_case_match_transformers() {
+    let mut model = load();
+    let text = lone_core::text::TextIo::load(&model, &fixture()).unwrap();
+    let base = model.vision.as_ref().unwrap().processor.clone();
+    let meta: serde_json::Value = json(&fixture().join("meta.json"));
+    for (case, m) in meta["cases"].as_object().unwrap() {
+        let dir = fixture().join("cases").join(case);
+        let splitting = m["overrides"]["do_image_splitting"]
+            .as_bool()
+            .unwrap_or(true);
+        model.vision.as_mut().unwrap().processor = ProcessorConfig {
+            do_image_splitting: splitting,
+            ..base.clone()
+        };
+        let images: Vec<_> = m["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let p = fixture().join(format!("images/{}.png", n.as_str().unwrap()));
+                image::decode(&std::fs::read(p).unwrap(), 1 << 24).unwrap()
+            })
+            .collect();
+        let mut content: Vec<serde_json::Value> = images
+            .iter()
+            .map(|_| serde_json::json!({"type": "image"}))
+            .collect();
+        content.push(serde_json::json!({"type": "text", "text": m["text"]}));
+        let msg = serde_json::json!({"role": "user", "content": content});
+        let rendered = text.render_chat(&[msg], true).unwrap();
+        let want_text = std::fs::read_to_string(dir.join("prompt.txt")).unwrap();
+        assert_eq!(rendered, want_text, "{case}: chat template");
+
+        let vision = model.vision.as_ref().unwrap();
+        let p = vision
+            .prompt(&text.tokenizer, &rendered, false, &images)
+            .unwrap();
+        let ids: Vec<u32> = json(&dir.join("input_ids.json"));
+        assert_eq!(p.ids, ids, "{case}: prompt ids");
+        let want = npy::read(&dir.join("features.npy")).unwrap();
+        let d = max_diff(&p.embeds.data, &want.data);
+        eprintln!("{case}: image embeddings from the PNGs, max |Δ| {d:e}");
+        assert!(d <= 1e-4, "{case}: image embeddings differ by {d}");
+        check_language_model(
+            &model,
+            &dir,
+            &p.embeds.data,
+            &format!("lfm2_vl {case} (files)"),
+        );
+    }
+}
+
+/// Placeholders and images must agree in number.
+#[test]
+fn image_placeholders_must_match_the_images() {
+    let model = load();
+    let text = lone_core::text::TextIo::load(&model, &fixture()).unwrap();
+    let vision = model.vision.as_ref().unwrap();
+    let png = std::fs::read(fixture().join("images/small.png")).unwrap();
+    let img = image::decode(&png, 1 << 24).unwrap();
+    for (prompt, n) in [("no marker", 1), ("<image><image>two", 1), ("<image>", 0)] {
+        let imgs = vec![img.clone(); n];
+        let e = vision.prompt(&text.tokenizer, prompt, false, &imgs);
+        assert!(e.is_err(), "{prompt:?} with {n} images was accepted");
+    }
+}
+
+/// Generation through the scheduler (`generate`, the path of `lone run` and the server):
+/// the prompt's image rows enter as embeddings, in one pass or in chunks, and the greedy
+/// tokens are transformers'.
+#[test]
+fn generation_with_images_gives_transformers_greedy_tokens() {
+    use lone_core::engine::PromptEmbeds;
+    use lone_core::generate::{generate, GenerateOptions};
+    use lone_core::sampler::{Sampler, SamplingParams};
+    let model = load();
+    let image_token = model.vision.as_ref().unwrap().cfg.image_token_id;
+    for case in ["one", "two", "tiled"] {
+        let dir = fixture().join("cases").join(case);
+        let ids: Vec<u32> = json(&dir.join("input_ids.json"));
+        let greedy: Vec<u32> = json(&dir.join("greedy.json"));
+        let features = npy::read(&dir.join("features.npy")).unwrap();
+        let embeds =
+            PromptEmbeds::at_token(&ids, image_token, features.data, model.cfg.hidden_size)
+                .unwrap();
+        let opts = GenerateOptions {
+            max_new_tokens: greedy.len(),
+            ignore_eos: true,
+            embeds: Some(std::sync::Arc::new(embeds)),
+            ..Default::default()
+        };
+        let mut cache = model.new_cache();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let g = generate(&model, &mut cache, &ids, &opts, &mut sampler, |_| true).unwrap();
+        assert_eq!(
+            g.tokens, greedy,
+            "{case}: greedy tokens through the scheduler"
+        );
+    }
+}

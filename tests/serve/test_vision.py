@@ -1,0 +1,120 @@
+"""Images through `lone serve` with the official clients: OpenAI `image_url` data URLs, ollama
+`images`, Anthropic `image` blocks, on the tiny LFM2-VL fixture (transformers' greedy replies
+in tests/reference/fixtures/lfm2_vl/cases); bad images get 400s."""
+
+import base64
+import json
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+
+from conftest import ROOT, TINY, Server
+
+VL = ROOT / "tests" / "reference" / "fixtures" / "lfm2_vl"
+CASES = VL / "cases"
+
+
+def b64(name: str) -> str:
+    return base64.b64encode((VL / "images" / f"{name}.png").read_bytes()).decode()
+
+
+def data_url(name: str) -> str:
+    return "data:image/png;base64," + b64(name)
+
+
+def want(case: str) -> str:
+    return json.loads((CASES / case / "greedy_text.json").read_text())
+
+
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def vl():
+    s = Server(VL, "-np", "2")
+    yield s
+    s.stop()
+
+
+def test_openai_image_url_parts(vl):
+    c = vl.client()
+    r = c.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url("small")}},
+            {"type": "text", "text": "What is this?"},
+        ]}],
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
+    assert r.choices[0].message.content == want("one")
+    assert r.usage.prompt_tokens == len(json.loads((CASES / "one" / "input_ids.json").read_text()))
+    # Two images in one message, streamed.
+    parts = [{"type": "image_url", "image_url": {"url": data_url(n)}} for n in ("small", "wide")]
+    stream = c.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "Compare them."}]}],
+        stream=True,
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == want("two")
+
+
+def test_ollama_images(vl):
+    c = ollama.Client(host=vl.base)
+    r = c.chat(model="m", messages=[{"role": "user", "content": "What is this?", "images": [b64("small")]}],
+               options={"temperature": 0, "num_predict": 12}, stream=False)
+    assert r.message.content == want("one")
+    g = vl.post("/api/generate", json={"model": "m", "prompt": "What is this?", "images": [b64("small")],
+                                       "stream": False, "options": {"temperature": 0, "num_predict": 12}})
+    assert g.status_code == 200 and g.json()["response"] == want("one"), g.text
+
+
+def test_anthropic_image_blocks(vl):
+    c = anthropic.Anthropic(base_url=vl.base, api_key="x", max_retries=0)
+    r = c.messages.create(model="m", max_tokens=12, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("small")}},
+        {"type": "text", "text": "What is this?"},
+    ]}], extra_body={"ignore_eos": True, "temperature": 0})
+    assert r.content[0].text == want("one")
+
+
+def test_bad_images_are_400s(vl):
+    c = vl.client()
+
+    def ask(url, n=1):
+        parts = [{"type": "image_url", "image_url": {"url": url}}] * n
+        return c.chat.completions.create(model="m", messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "x"}]}], max_tokens=1)
+
+    for url, msg in [
+        ("data:image/png;base64,@@@", "base64"),
+        ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "image"),
+        ("data:image/png;base64," + b64("small")[:200], "image"),
+        ("https://example.com/cat.png", "data: URL"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(url)
+        assert msg in str(e.value), e.value
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(data_url("small"), n=17)
+    assert "at most" in str(e.value)
+    # The server still answers after them.
+    assert vl.get("/health").status_code == 200
+
+
+def test_images_to_a_text_model_are_400s():
+    s = Server(TINY, "-np", "1")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client().chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url("small")}}, {"type": "text", "text": "x"}]}])
+        assert "takes no images" in str(e.value)
+        r = s.post("/api/chat", json={"model": "m", "stream": False,
+                                      "messages": [{"role": "user", "content": "x", "images": [b64("small")]}]})
+        assert r.status_code == 400 and "takes no images" in r.text
+    finally:
+        s.stop()
