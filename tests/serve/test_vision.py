@@ -51,6 +51,7 @@ def test_openai_image_url_parts(vl):
         **GREEDY,
     )
     assert r.choices[0].message.content == want("one")
+    assert "vision" in vl.get("/v1/models").json()["data"][0]["capabilities"]
     assert r.usage.prompt_tokens == len(json.loads((CASES / "one" / "input_ids.json").read_text()))
     # Two images in one message, streamed.
     parts = [{"type": "image_url", "image_url": {"url": data_url(n)}} for n in ("small", "wide")]
@@ -116,5 +117,22 @@ def test_images_to_a_text_model_are_400s():
         r = s.post("/api/chat", json={"model": "m", "stream": False,
                                       "messages": [{"role": "user", "content": "x", "images": [b64("small")]}]})
         assert r.status_code == 400 and "takes no images" in r.text
+    finally:
+        s.stop()
+
+
+def test_gguf_and_mmproj_pair():
+    # Case `two`: its greedy ids are all in the tokenizer's vocabulary (the converter pads the
+    # GGUF's to the model's 544 with [PAD] tokens, which transformers' decode cannot name).
+    s = Server(VL / "model-f32.gguf", "--mmproj", str(VL / "mmproj-f32.gguf"), "-np", "1")
+    try:
+        parts = [{"type": "image_url", "image_url": {"url": data_url(n)}} for n in ("small", "wide")]
+        r = s.client().chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "Compare them."}]}],
+            extra_body={"ignore_eos": True},
+            **GREEDY,
+        )
+        assert r.choices[0].message.content == want("two")
     finally:
         s.stop()

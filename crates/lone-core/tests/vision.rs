@@ -179,8 +179,39 @@ fn bad_embeddings_are_errors() {
 /// encoder the embeddings; then the language model's logits and greedy tokens.
 #[test]
 fn images_from_files_through_every_case_match_transformers() {
-    let mut model = load();
+    let model = load();
     let text = lone_core::text::TextIo::load(&model, &fixture()).unwrap();
+    every_case_from_files(model, &text, "safetensors");
+}
+
+/// llama.cpp's GGUF pair (`convert_hf_to_gguf.py` and `--mmproj`, f32) made from the same
+/// checkpoint: the same prompts, embeddings, logits and greedy tokens.
+#[test]
+fn gguf_and_mmproj_pair_matches_transformers() {
+    let mut model = Model::load(&fixture().join("model-f32.gguf")).unwrap();
+    model.compute.mode = Some(Mode::Exact);
+    assert!(model.vision.is_none());
+    model
+        .load_mmproj(&fixture().join("mmproj-f32.gguf"))
+        .unwrap();
+    let text = lone_core::text::TextIo::load(&model, &fixture().join("model-f32.gguf")).unwrap();
+    every_case_from_files(model, &text, "GGUF + mmproj");
+}
+
+/// An mmproj beside a language model without the image token, and a text GGUF given as the
+/// mmproj, are errors.
+#[test]
+fn a_wrong_mmproj_is_an_error() {
+    let mut text_only = Model::load(&fixture().join("../lfm2_a/model-f32.gguf")).unwrap();
+    let e = text_only.load_mmproj(&fixture().join("mmproj-f32.gguf"));
+    assert!(e.unwrap_err().to_string().contains("<image>"));
+    let mut model = Model::load(&fixture().join("model-f32.gguf")).unwrap();
+    assert!(model
+        .load_mmproj(&fixture().join("model-f32.gguf"))
+        .is_err());
+}
+
+fn every_case_from_files(mut model: Model, text: &lone_core::text::TextIo, what: &str) {
     let base = model.vision.as_ref().unwrap().processor.clone();
     let meta: serde_json::Value = json(&fixture().join("meta.json"));
     for (case, m) in meta["cases"].as_object().unwrap() {
@@ -209,14 +240,14 @@ fn images_from_files_through_every_case_match_transformers() {
         let msg = serde_json::json!({"role": "user", "content": content});
         let rendered = text.render_chat(&[msg], true).unwrap();
         let want_text = std::fs::read_to_string(dir.join("prompt.txt")).unwrap();
-        assert_eq!(rendered, want_text, "{case}: chat template");
+        assert_eq!(rendered, want_text, "{what} {case}: chat template");
 
         let vision = model.vision.as_ref().unwrap();
         let p = vision
             .prompt(&text.tokenizer, &rendered, false, &images)
             .unwrap();
         let ids: Vec<u32> = json(&dir.join("input_ids.json"));
-        assert_eq!(p.ids, ids, "{case}: prompt ids");
+        assert_eq!(p.ids, ids, "{what} {case}: prompt ids");
         let want = npy::read(&dir.join("features.npy")).unwrap();
         let d = max_diff(&p.embeds.data, &want.data);
         eprintln!("{case}: image embeddings from the PNGs, max |Δ| {d:e}");

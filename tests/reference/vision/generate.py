@@ -35,6 +35,7 @@ thumbnail, tiling turned off.
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -115,7 +116,9 @@ def build(vocab: int, image_token_id: int):
                 layer_types=["conv", "conv", "full_attention", "conv", "full_attention"], conv_L_cache=3,
                 norm_eps=1e-5, max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True)
-    vision = dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    # 3 layers: llama.cpp's converter maps the projector's linear_1/linear_2 as blocks of the
+    # vision tower, so it needs at least 3 of them.
+    vision = dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=2, patch_size=16, num_patches=64, vision_use_head=False,
                   layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh")
     cfg = Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=image_token_id,
@@ -200,6 +203,26 @@ def run_case(model, processor, name: str, images, text: str, overrides: dict) ->
             "greedy_distinct": len(set(gen)), "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min())}
 
 
+LLAMA_CPP = Path.home() / ".cache" / "llama.cpp-0c1e570" / "src"
+
+
+def convert_ggufs() -> dict:
+    """llama.cpp's converter on the checkpoint: the language model and the `mmproj` (vision
+    tower + projector), both f32 — the pair llama-mtmd-cli reads. The f32 pair holds the same
+    numbers as the checkpoint, so the cases' references apply to it unchanged."""
+    import subprocess
+
+    # The language model through the text fixtures' converter run (it knows the fixture
+    # tokenizer's pre-tokenizer); the mmproj has no vocabulary.
+    text_gen = HERE.parent / "generate.py"
+    jobs = json.dumps([["f32", str(OUT / "model-f32.gguf")]])
+    subprocess.run([sys.executable, str(text_gen), "--convert", str(OUT), jobs], check=True)
+    env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
+    conv = [sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(OUT), "--outtype", "f32"]
+    subprocess.run([*conv, "--mmproj", "--outfile", str(OUT / "mmproj-f32.gguf")], check=True, env=env)
+    return {"text": "model-f32.gguf", "mmproj": "mmproj-f32.gguf", "converter": "llama.cpp 0c1e570"}
+
+
 def main() -> None:
     import torch
     import transformers
@@ -214,6 +237,18 @@ def main() -> None:
     model = build(vocab, image_token_id)
     model.config._attn_implementation = "eager"
     model.save_pretrained(str(OUT))
+    # The Hub's LFM2-VL configs name the language model's class in text_config (llama.cpp's
+    # converter picks the text model by it); transformers 5 does not write it.
+    cfg = json.loads((OUT / "config.json").read_text())
+    cfg["text_config"]["architectures"] = ["Lfm2ForCausalLM"]
+    (OUT / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    # ... and keep the vision tower under `vision_tower.vision_model.` (transformers 5 reads that
+    # layout and writes a flatter one; llama.cpp's converter knows only the Hub's).
+    from safetensors.torch import load_file, save_file
+
+    st = load_file(str(OUT / "model.safetensors"))
+    st = {k.replace("model.vision_tower.", "model.vision_tower.vision_model."): v for k, v in st.items()}
+    save_file(st, str(OUT / "model.safetensors"), metadata={"format": "pt"})
     processor = Lfm2VlProcessor(image_processor=Lfm2VlImageProcessor(**PROCESSOR), tokenizer=tok,
                                 chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(str(OUT))
@@ -238,6 +273,7 @@ def main() -> None:
         imgs = [Image.open(OUT / "images" / f"{n}.png") for n in names]
         meta["cases"][case] = {"images": names, **run_case(ref, processor, case, imgs, text, overrides)}
         print(case, meta["cases"][case])
+    meta["gguf"] = convert_ggufs()
     (OUT / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

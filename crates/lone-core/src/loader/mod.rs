@@ -52,6 +52,9 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
     if let Some(f) = fixed {
         return Some(f.to_string());
     }
+    if let Some(v) = vision_hf_to_gguf_name(hf) {
+        return Some(v);
+    }
     let rest = hf.strip_prefix("model.layers.")?;
     let (idx, rest) = rest.split_once('.')?;
     let (module, suffix) = rest.rsplit_once('.')?; // suffix: weight / bias
@@ -88,6 +91,45 @@ pub fn hf_to_gguf_name(hf: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("blk.{idx}.{g}.{suffix}"))
+}
+
+/// llama.cpp's `mmproj` name for a LFM2-VL vision tower or projector tensor.
+fn vision_hf_to_gguf_name(hf: &str) -> Option<String> {
+    if let Some(rest) = hf.strip_prefix("model.multi_modal_projector.") {
+        let (module, suffix) = rest.rsplit_once('.')?;
+        let g = match module {
+            "layer_norm" => "mm.input_norm",
+            "linear_1" => "mm.1",
+            "linear_2" => "mm.2",
+            _ => return None,
+        };
+        return Some(format!("{g}.{suffix}"));
+    }
+    let rest = hf.strip_prefix("model.vision_tower.")?;
+    let rest = rest.strip_prefix("vision_model.").unwrap_or(rest);
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let fixed = match module {
+        "embeddings.patch_embedding" => Some("v.patch_embd"),
+        "embeddings.position_embedding" => Some("v.position_embd"),
+        "post_layernorm" => Some("v.post_ln"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(format!("{f}.{suffix}"));
+    }
+    let (idx, m) = module.strip_prefix("encoder.layers.")?.split_once('.')?;
+    let g = match m {
+        "layer_norm1" => "ln1",
+        "layer_norm2" => "ln2",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.out_proj" => "attn_out",
+        "mlp.fc1" => "ffn_up",
+        "mlp.fc2" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("v.blk.{idx}.{g}.{suffix}"))
 }
 
 /// Undo convert_hf_to_gguf.py's permutation of llama Q/K rows (interleaved → halves RoPE).

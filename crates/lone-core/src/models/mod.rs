@@ -186,6 +186,27 @@ impl Model {
         })
     }
 
+    /// Attach the vision tower and projector of a llama.cpp `mmproj` GGUF (LFM2-VL's, as
+    /// `convert_hf_to_gguf.py --mmproj` writes it): the model then takes images.
+    pub fn load_mmproj(&mut self, path: &Path) -> Result<()> {
+        let tok = match &self.weights.files {
+            WeightFiles::Gguf(g) => crate::tokenizer::Tokenizer::from_gguf(g)?,
+            WeightFiles::Safetensors(_) => {
+                crate::tokenizer::Tokenizer::from_dir(&self.weights.path)?
+            }
+        };
+        let marker = crate::vision::IMAGE_MARKER;
+        let id = tok.token_to_id(marker).ok_or_else(|| {
+            Error::Input(format!(
+                "{}: the language model's vocabulary has no {marker} token, so it cannot take \
+                 images; use the language model converted with this mmproj",
+                path.display()
+            ))
+        })?;
+        self.vision = Some(crate::vision::Vision::load_mmproj(path, &self.cfg, id)?);
+        Ok(())
+    }
+
     /// Choose how [`Model::new_cache`] stores keys and values; Q8_0 needs a head_dim that
     /// is a multiple of 32.
     pub fn set_kv_type(&mut self, t: KvType) -> Result<()> {

@@ -49,6 +49,39 @@ fn aa_weights(src: usize, dst: usize) -> Vec<f32> {
     w
 }
 
+/// The patch embedding as a linear map over patches in the processor's (y, x, channel)
+/// order: a checkpoint's `nn.Linear` as it is, an mmproj's convolution kernel
+/// (`[hidden, 3, p, p]`, channel first) reordered.
+fn patch_embedding(ws: &Weights, name: &str, cfg: &VisionConfig) -> Result<Linear> {
+    let (d, p) = (cfg.hidden_size, cfg.patch_size);
+    let wname = format!("{name}.weight");
+    let t = ws.get_opt(&wname)?;
+    let Some(t) = t.filter(|t| t.shape.len() == 4) else {
+        return Linear::load(ws, name, 3 * p * p, d, true);
+    };
+    if t.shape != [d, 3, p, p] {
+        return Err(Error::BadShape {
+            name: wname,
+            got: t.shape.clone(),
+            expected: vec![d, 3, p, p],
+        });
+    }
+    let src = t.to_f32_vec();
+    let mut w = vec![0f32; src.len()];
+    for o in 0..d {
+        for c in 0..3 {
+            for y in 0..p {
+                for x in 0..p {
+                    w[o * 3 * p * p + (y * p + x) * 3 + c] = src[((o * 3 + c) * p + y) * p + x];
+                }
+            }
+        }
+    }
+    let mut l = Linear::from_tensor(Tensor::from_f32(vec![d, 3 * p * p], &w));
+    l.b = Some(ws.get_f32(&format!("{name}.bias"), &[d])?);
+    Ok(l)
+}
+
 impl Encoder {
     pub fn load(ws: &Weights, cfg: &VisionConfig) -> Result<Encoder> {
         // transformers 5 saves the tower's modules directly under `vision_tower.`; earlier
@@ -80,7 +113,7 @@ impl Encoder {
             });
         }
         Ok(Encoder {
-            patch: lin(&format!("{p}.embeddings.patch_embedding"), patch_dim, d)?,
+            patch: patch_embedding(ws, &format!("{p}.embeddings.patch_embedding"), cfg)?,
             pos: ws.get_f32(
                 &format!("{p}.embeddings.position_embedding.weight"),
                 &[cfg.num_patches, d],

@@ -128,6 +128,58 @@ impl VisionConfig {
         Ok(Some(cfg))
     }
 
+    /// The vision part of a llama.cpp `mmproj` GGUF (`clip.projector_type` `lfm2`, as
+    /// `convert_hf_to_gguf.py --mmproj` writes LFM2-VL); `image_token_id` comes from the
+    /// language model's vocabulary.
+    pub fn from_mmproj(
+        g: &crate::loader::gguf::GgufFile,
+        text_hidden_size: usize,
+        image_token_id: u32,
+    ) -> Result<VisionConfig> {
+        let s = |k: &str| g.meta(k).and_then(|v| v.as_str());
+        let n = |k: &str| -> Result<usize> {
+            g.meta(k)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| bad(format!("mmproj: {k} is missing")))
+        };
+        if s("general.architecture") != Some("clip") || s("clip.projector_type") != Some("lfm2") {
+            return Err(Error::Unsupported(format!(
+                "mmproj: architecture {:?}, projector {:?}; lone reads LFM2-VL's (clip, lfm2)",
+                s("general.architecture").unwrap_or("none"),
+                s("clip.projector_type").unwrap_or("none")
+            )));
+        }
+        let hidden = n("clip.vision.embedding_length")?;
+        let pos = g
+            .tensor("v.position_embd.weight")
+            .ok_or_else(|| bad("mmproj: v.position_embd.weight is missing"))?;
+        let mm1 = g
+            .tensor("mm.1.weight")
+            .ok_or_else(|| bad("mmproj: mm.1.weight is missing"))?;
+        let cfg = VisionConfig {
+            model_type: "lfm2_vl".into(),
+            hidden_size: hidden,
+            intermediate_size: n("clip.vision.feed_forward_length")?,
+            n_layers: n("clip.vision.block_count")?,
+            n_heads: n("clip.vision.attention.head_count")?,
+            patch_size: n("clip.vision.patch_size")?,
+            num_patches: pos.numel() / hidden.max(1),
+            layer_norm_eps: g
+                .meta("clip.vision.attention.layer_norm_epsilon")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(1e-6) as f32,
+            image_token_id,
+            downsample_factor: n("clip.vision.projector.scale_factor").unwrap_or(2),
+            projector_hidden_size: mm1.n_rows(),
+            projector_bias: g.tensor("mm.1.bias").is_some(),
+            projector_layernorm: g.tensor("mm.input_norm.weight").is_some(),
+            text_hidden_size,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     fn validate(&self) -> Result<()> {
         let grid = (self.num_patches as f64).sqrt() as usize;
         let dims = [
@@ -360,18 +412,7 @@ impl Vision {
     /// `preprocessor_config.json` configures the image processor; transformers' defaults
     /// without either).
     pub fn load(ws: &Weights, cfg: VisionConfig, dir: &std::path::Path) -> Result<Vision> {
-        let mut processor = image::ProcessorConfig::default();
-        for name in ["processor_config.json", "preprocessor_config.json"] {
-            let path = dir.join(name);
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
-                    path: path.clone(),
-                    msg: format!("invalid JSON: {e}"),
-                })?;
-                processor = image::ProcessorConfig::from_json(&v)?;
-                break;
-            }
-        }
+        let processor = Self::processor_in(dir)?;
         if processor.downsample_factor != cfg.downsample_factor
             || processor.encoder_patch_size != cfg.patch_size
         {
@@ -389,6 +430,65 @@ impl Vision {
             processor,
             cfg,
         })
+    }
+
+    /// The vision side from a llama.cpp `mmproj` GGUF beside a language model whose
+    /// vocabulary has `<image>`; the image processor from a `processor_config.json` or
+    /// `preprocessor_config.json` next to the mmproj, else transformers' LFM2-VL defaults
+    /// (llama.cpp's too), with the mean and std the mmproj records.
+    pub fn load_mmproj(
+        path: &std::path::Path,
+        text_cfg: &crate::config::ModelConfig,
+        image_token_id: u32,
+    ) -> Result<Vision> {
+        let g = crate::loader::gguf::GgufFile::open(path)?;
+        let cfg = VisionConfig::from_mmproj(&g, text_cfg.hidden_size, image_token_id)?;
+        let mut processor = match path.parent() {
+            Some(dir) => Self::processor_in(dir)?,
+            None => image::ProcessorConfig::default(),
+        };
+        let three = |k: &str| -> Option<[f32; 3]> {
+            match g.meta(k)? {
+                crate::loader::gguf::MetaValue::Array(a) if a.len() == 3 => {
+                    let v: Vec<f32> = a
+                        .iter()
+                        .filter_map(|x| x.as_f64())
+                        .map(|x| x as f32)
+                        .collect();
+                    v.try_into().ok()
+                }
+                _ => None,
+            }
+        };
+        if let Some(m) = three("clip.vision.image_mean") {
+            processor.image_mean = m;
+        }
+        if let Some(s) = three("clip.vision.image_std") {
+            processor.image_std = s;
+        }
+        let ws = Weights::open(path, text_cfg, crate::loader::WeightFiles::Gguf(g));
+        Ok(Vision {
+            encoder: Encoder::load(&ws, &cfg)?,
+            projector: Projector::load(&ws, &cfg)?,
+            processor,
+            cfg,
+        })
+    }
+
+    /// The image processor's settings in `dir` (`processor_config.json`, then
+    /// `preprocessor_config.json`), else transformers' defaults.
+    fn processor_in(dir: &std::path::Path) -> Result<image::ProcessorConfig> {
+        for name in ["processor_config.json", "preprocessor_config.json"] {
+            let path = dir.join(name);
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+                    path: path.clone(),
+                    msg: format!("invalid JSON: {e}"),
+                })?;
+                return image::ProcessorConfig::from_json(&v);
+            }
+        }
+        Ok(image::ProcessorConfig::default())
     }
 
     /// Tokenize `text`, whose [`IMAGE_MARKER`]s stand for `images` in order, with each marker

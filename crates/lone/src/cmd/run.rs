@@ -30,6 +30,10 @@ pub struct RunArgs {
     /// where the prompt says `<image>`, or before the text when it does not.
     #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
     pub image: Vec<PathBuf>,
+    /// llama.cpp's `mmproj` GGUF of a vision-language model (LFM2-VL) whose language model is
+    /// `--model`'s GGUF.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
@@ -65,7 +69,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         bail!("give a prompt with --prompt TEXT or --prompt-ids 1,2,3");
     }
     let path = common::resolve_model(a.model.as_deref())?;
-    let model = common::load_model(&path, a.threads)?;
+    let mut model = common::load_model(&path, a.threads)?;
+    if let Some(mm) = &a.mmproj {
+        model
+            .load_mmproj(mm)
+            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
+    }
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let mut embeds = None;
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {

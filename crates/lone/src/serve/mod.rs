@@ -48,6 +48,9 @@ use crate::cmd::{common, model_info};
 
 /// Largest request body.
 pub const BODY_LIMIT: usize = 2 << 20;
+/// The body limit of a server whose models take images (a phone photo is 3–8 MB, a third
+/// more in base64).
+pub const IMAGE_BODY_LIMIT: usize = 32 << 20;
 /// Default context cap when `--ctx` is not given.
 pub const DEFAULT_CTX_CAP: usize = 4096;
 
@@ -123,6 +126,10 @@ pub struct ServeArgs {
     /// Chat template (Jinja) to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
+    /// llama.cpp's `mmproj` GGUF of a vision-language model (LFM2-VL) served from its language
+    /// model's GGUF: requests may then carry images.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
     /// Seconds a request body may take to arrive (llama-server's read timeout); then 408.
     #[arg(
         long,
@@ -339,7 +346,16 @@ async fn serve_on(
     let limits = transport::Limits {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
         body_timeout: seconds("--timeout", a.timeout)?,
-        body_limit: BODY_LIMIT,
+        body_limit: if a.mmproj.is_some()
+            || reg
+                .entries
+                .iter()
+                .any(|e| lone_core::vision::takes_images(&e.path))
+        {
+            IMAGE_BODY_LIMIT
+        } else {
+            BODY_LIMIT
+        },
         max_connections: a.max_connections,
     };
     if limits.max_connections == 0 {
@@ -354,6 +370,11 @@ async fn serve_on(
 
 fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
     let mut model = common::load_model(path, a.threads)?;
+    if let Some(mm) = &a.mmproj {
+        model
+            .load_mmproj(mm)
+            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
+    }
     if let Some(t) = a.cache_type {
         model.set_kv_type(t)?;
     }
@@ -503,7 +524,7 @@ fn router(state: Arc<AppState>, limits: transport::Limits) -> Router {
             state.clone(),
             count_requests,
         ))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(DefaultBodyLimit::max(limits.body_limit))
         .with_state(state)
 }
 
