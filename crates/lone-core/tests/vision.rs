@@ -133,13 +133,23 @@ fn vision_tower_and_projector_match_transformers() {
     let [h, w] = shapes[0];
     assert_eq!(pixels.shape, vec![h * w, 3 * 16 * 16]);
 
-    let hidden = vision.encoder.forward(&pixels.data, h, w).unwrap();
+    let hidden = vision
+        .encoder
+        .forward(
+            &pixels.data,
+            h,
+            w,
+            &lone_core::vision::Vision::pass(&model.compute),
+        )
+        .unwrap();
     let want = npy::read(&case.join("vision.npy")).unwrap();
     let d = max_diff(&hidden, &want.data);
     eprintln!("vision tower: max |Δ| {d:e}");
     assert!(d <= 1e-4, "vision tower's last hidden state differs by {d}");
 
-    let features = vision.embed_tile(&pixels.data, h, w).unwrap();
+    let features = vision
+        .embed_tile(&pixels.data, h, w, &model.compute)
+        .unwrap();
     let want = npy::read(&case.join("features.npy")).unwrap();
     assert_eq!(want.shape, vec![(h / 2) * (w / 2), model.cfg.hidden_size]);
     let d = max_diff(&features, &want.data);
@@ -244,7 +254,7 @@ fn every_case_from_files(mut model: Model, text: &lone_core::text::TextIo, what:
 
         let vision = model.vision.as_ref().unwrap();
         let p = vision
-            .prompt(&text.tokenizer, &rendered, false, &images)
+            .prompt(&text.tokenizer, &rendered, false, &images, &model.compute)
             .unwrap();
         let ids: Vec<u32> = json(&dir.join("input_ids.json"));
         assert_eq!(p.ids, ids, "{what} {case}: prompt ids");
@@ -271,7 +281,7 @@ fn image_placeholders_must_match_the_images() {
     let img = image::decode(&png, 1 << 24).unwrap();
     for (prompt, n) in [("no marker", 1), ("<image><image>two", 1), ("<image>", 0)] {
         let imgs = vec![img.clone(); n];
-        let e = vision.prompt(&text.tokenizer, prompt, false, &imgs);
+        let e = vision.prompt(&text.tokenizer, prompt, false, &imgs, &model.compute);
         assert!(e.is_err(), "{prompt:?} with {n} images was accepted");
     }
 }

@@ -84,7 +84,7 @@ pub use mode::{
     exact, exact_scope, global_mode, mode, set_exact, set_mode, Compute, Mode, Pass, PassKind,
     Scope,
 };
-pub use ops::{add_inplace, rmsnorm, silu_mul, softmax, softmax_unnormalized, Rope};
+pub use ops::{add_inplace, gelu_tanh, rmsnorm, silu_mul, softmax, softmax_unnormalized, Rope};
 pub use table::{isa, row_invariant_rows, Isa};
 pub use vecops::{dot_rows, mix_rows, KvSlice};
 

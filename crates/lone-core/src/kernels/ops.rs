@@ -51,6 +51,44 @@ pub fn silu_mul(a: &mut [f32], b: &[f32]) {
     });
 }
 
+/// torch's tanh GELU (`gelu_pytorch_tanh`) in place: `0.5·x·(1 + tanh(z))` with
+/// `z = √(2/π)·(x + 0.044715·x³)`, computed as the equal `x·σ(2z) = x / (1 + e^(−2z))` with the
+/// detected family's SIMD `exp` (within a few ulp of torch's tanh form), split over the pool
+/// for large inputs.
+pub fn gelu_tanh(x: &mut [f32]) {
+    const C2: f32 = 2.0 * 0.797_884_6; // 2·√(2/π)
+    let exp = active().vec.exp;
+    let one = |a: &mut [f32]| {
+        let mut t = [0.0f32; 256];
+        for ac in a.chunks_mut(256) {
+            let t = &mut t[..ac.len()];
+            for (tv, &v) in t.iter_mut().zip(ac.iter()) {
+                *tv = -C2 * (v + 0.044715 * v * v * v);
+            }
+            // SAFETY: t holds t.len() f32; the table's functions run on this CPU.
+            unsafe { exp(t.as_mut_ptr(), t.len()) };
+            for (v, &e) in ac.iter_mut().zip(t.iter()) {
+                *v /= 1.0 + e;
+            }
+        }
+    };
+    const CHUNK: usize = 16 * 1024;
+    if x.len() < 2 * CHUNK {
+        return one(x);
+    }
+    let ap = SendPtr(x.as_mut_ptr());
+    let len = x.len();
+    parallel_for(len.div_ceil(CHUNK), 1, &|range| {
+        let ap = &ap;
+        for c in range {
+            let s = c * CHUNK;
+            let e = (s + CHUNK).min(len);
+            // SAFETY: chunk c of `x` is written by this task alone; the borrow outlives the op.
+            one(unsafe { std::slice::from_raw_parts_mut(ap.0.add(s), e - s) });
+        }
+    });
+}
+
 /// Softmax in place (the exponentials by the detected family's SIMD `exp`; the max and the
 /// sum over 16 interleaved lanes, which the compiler vectorises — a sequential f32 sum is
 /// latency-bound and dominated long attention rows).

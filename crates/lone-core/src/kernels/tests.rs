@@ -952,3 +952,25 @@ fn pair_layout_is_as_documented() {
         }
     }
 }
+
+/// `gelu_tanh` (x·σ(2z) through the active family's `exp`, whose every level is checked
+/// above) against torch's tanh form in f64, over odd sizes, the parallel path included.
+#[test]
+fn gelu_tanh_matches_the_tanh_form() {
+    for len in [1usize, 7, 255, 257, 33_000, 70_001] {
+        let x: Vec<f32> = (0..len)
+            .map(|i| ((i * 7919 % 2001) as f32 - 1000.0) / 97.0)
+            .collect();
+        let mut y = x.clone();
+        super::gelu_tanh(&mut y);
+        for (&x, &y) in x.iter().zip(&y) {
+            let t = x as f64;
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let want = 0.5 * t * (1.0 + (c * (t + 0.044715 * t * t * t)).tanh());
+            assert!(
+                (y as f64 - want).abs() <= 2e-6 * (1.0 + want.abs()),
+                "gelu_tanh({x}) = {y}, want {want} (len {len})"
+            );
+        }
+    }
+}

@@ -11,6 +11,7 @@ pub mod image;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::kernels::{Compute, Mode, Pass, PassKind};
 use crate::loader::Weights;
 use crate::nn::Linear;
 
@@ -305,15 +306,6 @@ pub fn gelu_erf(x: &mut [f32]) {
     }
 }
 
-/// torch's tanh GELU (`gelu_pytorch_tanh`).
-pub fn gelu_tanh(x: &mut [f32]) {
-    const C: f32 = 0.797_884_6; // √(2/π)
-    for v in x {
-        let t = *v;
-        *v = 0.5 * t * (1.0 + (C * (t + 0.044715 * t * t * t)).tanh());
-    }
-}
-
 /// Pixel-unshuffle, layer norm and the two-layer MLP mapping the encoder's patches to the
 /// language model's embeddings (`Lfm2VlMultiModalProjector`).
 pub struct Projector {
@@ -405,6 +397,8 @@ pub struct ImagePrompt {
     pub embeds: crate::engine::PromptEmbeds,
     /// Encoder inputs per image: tiles and image tokens (for logs and `--json`).
     pub images: Vec<(usize, usize)>,
+    /// Time spent processing and encoding the images.
+    pub encode_time: std::time::Duration,
 }
 
 impl Vision {
@@ -500,7 +494,9 @@ impl Vision {
         text: &str,
         add_special_tokens: bool,
         images: &[image::Rgb8],
+        compute: &Compute,
     ) -> Result<ImagePrompt> {
+        let t0 = std::time::Instant::now();
         let markers = text.matches(IMAGE_MARKER).count();
         if markers != images.len() {
             return Err(Error::Input(format!(
@@ -517,7 +513,7 @@ impl Vision {
             let p = image::preprocess(img, &self.processor)?;
             expanded.push_str(&p.placeholder(&self.processor));
             expanded.push_str(rest);
-            let e = self.embed_image(&p)?;
+            let e = self.embed_image(&p, compute)?;
             info.push((p.tiles.len(), e.len() / self.cfg.text_hidden_size));
             data.extend(e);
         }
@@ -532,36 +528,55 @@ impl Vision {
             ids,
             embeds,
             images: info,
+            encode_time: t0.elapsed(),
         })
     }
 
+    /// The pass an image is encoded in: exact mode's f32 products (transformers' numbers), else
+    /// fast mode's many-row kernels. Each tile is encoded alone, so either way an image's
+    /// embeddings never depend on what else is being encoded or generated.
+    pub fn pass(compute: &Compute) -> Pass {
+        match compute.mode() {
+            Mode::Exact => Pass {
+                kind: PassKind::ExactPrompt,
+                mode: Mode::Exact,
+                threads: compute.threads,
+            },
+            _ => Pass {
+                kind: PassKind::ByRowCount,
+                mode: Mode::Fast,
+                threads: compute.threads,
+            },
+        }
+    }
+
     /// The embeddings of one tile's patches (`pixels`: `[h·w, 3·p·p]` in the processor's
-    /// order), `(h/f)·(w/f)` rows of the language model's width. Always computed exactly
-    /// (f32 activations), each tile on its own: an image's embeddings never depend on what
-    /// else is being encoded.
-    pub fn embed_tile(&self, pixels: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+    /// order), `(h/f)·(w/f)` rows of the language model's width.
+    pub fn embed_tile(
+        &self,
+        pixels: &[f32],
+        h: usize,
+        w: usize,
+        compute: &Compute,
+    ) -> Result<Vec<f32>> {
         let f = self.cfg.downsample_factor;
         if h == 0 || w == 0 || !h.is_multiple_of(f) || !w.is_multiple_of(f) {
             return Err(Error::Input(format!(
                 "an image tile of {h}×{w} patches: both must be positive multiples of {f}"
             )));
         }
-        let hidden = self.encoder.forward(pixels, h, w)?;
-        let pass = crate::kernels::Pass {
-            kind: crate::kernels::PassKind::ExactPrompt,
-            mode: crate::kernels::Mode::Exact,
-            threads: None,
-        };
+        let pass = Self::pass(compute);
+        let hidden = self.encoder.forward(pixels, h, w, &pass)?;
         let _scope = pass.enter();
         Ok(self.projector.forward(&hidden, h, w))
     }
 
     /// The embeddings of a preprocessed image: every tile's, in the processor's order (the
     /// order of its image tokens).
-    pub fn embed_image(&self, img: &image::Processed) -> Result<Vec<f32>> {
+    pub fn embed_image(&self, img: &image::Processed, compute: &Compute) -> Result<Vec<f32>> {
         let mut out = Vec::new();
         for t in &img.tiles {
-            out.extend(self.embed_tile(&t.pixels, t.h_patches, t.w_patches)?);
+            out.extend(self.embed_tile(&t.pixels, t.h_patches, t.w_patches, compute)?);
         }
         Ok(out)
     }

@@ -394,5 +394,5 @@ pub fn image_prompt(
     } else {
         format!("{}{user}", IMAGE_MARKER.repeat(n_before))
     };
-    Ok(vision.prompt(&text.tokenizer, &prompt, !chat, &images)?)
+    Ok(vision.prompt(&text.tokenizer, &prompt, !chat, &images, &model.compute)?)
 }

@@ -77,10 +77,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let mut embeds = None;
+    let mut images: Option<(Vec<(usize, usize)>, f64)> = None;
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (None, Some(p)) if !a.image.is_empty() => {
             let ip = common::image_prompt(&model, &text, a.system.as_deref(), p, &a.image, a.chat)?;
             embeds = Some(std::sync::Arc::new(ip.embeds));
+            images = Some((ip.images, ip.encode_time.as_secs_f64()));
             ip.ids
         }
         (Some(ids), _) => ids.clone(),
@@ -150,6 +152,11 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "decode_seconds": g.decode_time.as_secs_f64(),
                 "decode_tokens_per_second": g.decode_tok_s(),
                 "peak_rss_bytes": rss,
+                "images": images.as_ref().map(|(im, secs)| serde_json::json!({
+                    "tiles": im.iter().map(|t| t.0).collect::<Vec<_>>(),
+                    "image_tokens": im.iter().map(|t| t.1).collect::<Vec<_>>(),
+                    "encode_seconds": secs,
+                })),
                 "threads": lone_core::kernels::threads(),
                 "spec_type": opts.spec.as_ref().map(|s| s.params.types.name()),
                 "drafted": g.spec.drafted,
@@ -171,8 +178,18 @@ pub fn run(a: RunArgs) -> Result<()> {
         } else {
             String::new()
         };
+        let imgs = match &images {
+            Some((im, secs)) => format!(
+                "images {} ({} tiles, {} tokens) encoded in {:.0} ms | ",
+                im.len(),
+                im.iter().map(|t| t.0).sum::<usize>(),
+                im.iter().map(|t| t.1).sum::<usize>(),
+                secs * 1e3
+            ),
+            None => String::new(),
+        };
         eprintln!(
-            "[prefill {} tok, {:.1} tok/s | decode {} tok, {:.1} tok/s{spec} | {} | peak RSS {:.1} MiB]",
+            "[{imgs}prefill {} tok, {:.1} tok/s | decode {} tok, {:.1} tok/s{spec} | {} | peak RSS {:.1} MiB]",
             g.prompt_tokens,
             g.prefill_tok_s(),
             g.tokens.len(),

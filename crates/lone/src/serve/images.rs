@@ -92,7 +92,7 @@ pub fn prompt(
         .run_job(Box::new(move |model| {
             let r = match &model.vision {
                 Some(v) => v
-                    .prompt(&tio.tokenizer, &text, false, &images)
+                    .prompt(&tio.tokenizer, &text, false, &images, &model.compute)
                     .map_err(|e| e.to_string()),
                 None => Err("the model has no vision tower".to_string()),
             };
