@@ -223,12 +223,7 @@ fn rope_theta(
 impl ModelConfig {
     /// Parse a HF `config.json` (plus `generation_config.json` beside it, for EOS ids).
     pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
-        let path = dir.join("config.json");
-        let text = crate::error::read_text(&path)?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
-            path: path.clone(),
-            msg: format!("invalid JSON: {e}"),
-        })?;
+        let v = crate::error::read_json(&dir.join("config.json"))?;
         let mut cfg = Self::from_hf_json(&v)?;
         let gpath = dir.join("generation_config.json");
         if let Ok(t) = crate::error::read_text(&gpath) {

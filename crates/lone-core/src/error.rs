@@ -72,6 +72,14 @@ pub fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
 }
 
+/// Read a regular file as JSON.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| Error::BadFile {
+        path: path.to_path_buf(),
+        msg: format!("invalid JSON: {e}"),
+    })
+}
+
 /// Read a regular file's bytes.
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     check_regular(path)?;

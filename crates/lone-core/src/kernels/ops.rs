@@ -33,9 +33,15 @@ pub fn silu_mul(a: &mut [f32], b: &[f32]) {
         }
     };
     // Prefill-sized inputs (an exp per element) are split over the pool.
+    chunked(a, &|ac, s| one(ac, &b[s..s + ac.len()]));
+}
+
+/// `f(chunk, start)` over `a` in chunks of 16 Ki elements, split over the pool when there are
+/// at least two (an elementwise op with an exp per element).
+fn chunked(a: &mut [f32], f: &(dyn Fn(&mut [f32], usize) + Sync)) {
     const CHUNK: usize = 16 * 1024;
     if a.len() < 2 * CHUNK {
-        return one(a, b);
+        return f(a, 0);
     }
     let ap = SendPtr(a.as_mut_ptr());
     let len = a.len();
@@ -45,8 +51,10 @@ pub fn silu_mul(a: &mut [f32], b: &[f32]) {
             let s = c * CHUNK;
             let e = (s + CHUNK).min(len);
             // SAFETY: chunk c of `a` is written by this task alone; the borrow outlives the op.
-            let ac = unsafe { std::slice::from_raw_parts_mut(ap.0.add(s), e - s) };
-            one(ac, &b[s..e]);
+            f(
+                unsafe { std::slice::from_raw_parts_mut(ap.0.add(s), e - s) },
+                s,
+            );
         }
     });
 }
@@ -72,21 +80,7 @@ pub fn gelu_tanh(x: &mut [f32]) {
             }
         }
     };
-    const CHUNK: usize = 16 * 1024;
-    if x.len() < 2 * CHUNK {
-        return one(x);
-    }
-    let ap = SendPtr(x.as_mut_ptr());
-    let len = x.len();
-    parallel_for(len.div_ceil(CHUNK), 1, &|range| {
-        let ap = &ap;
-        for c in range {
-            let s = c * CHUNK;
-            let e = (s + CHUNK).min(len);
-            // SAFETY: chunk c of `x` is written by this task alone; the borrow outlives the op.
-            one(unsafe { std::slice::from_raw_parts_mut(ap.0.add(s), e - s) });
-        }
-    });
+    chunked(x, &|c, _| one(c));
 }
 
 /// Softmax in place (the exponentials by the detected family's SIMD `exp`; the max and the

@@ -63,12 +63,7 @@ impl VisionConfig {
     /// The vision part of a HF checkpoint directory's `config.json` (`None` for a text-only
     /// model).
     pub fn from_hf_dir(dir: &std::path::Path, text_hidden_size: usize) -> Result<Option<Self>> {
-        let path = dir.join("config.json");
-        let text = crate::error::read_text(&path)?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
-            path: path.clone(),
-            msg: format!("invalid JSON: {e}"),
-        })?;
+        let v = crate::error::read_json(&dir.join("config.json"))?;
         Self::from_hf_json(&v, text_hidden_size)
     }
 
@@ -474,12 +469,8 @@ impl Vision {
     fn processor_in(dir: &std::path::Path) -> Result<image::ProcessorConfig> {
         for name in ["processor_config.json", "preprocessor_config.json"] {
             let path = dir.join(name);
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let v: Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
-                    path: path.clone(),
-                    msg: format!("invalid JSON: {e}"),
-                })?;
-                return image::ProcessorConfig::from_json(&v);
+            if path.is_file() {
+                return image::ProcessorConfig::from_json(&crate::error::read_json(&path)?);
             }
         }
         Ok(image::ProcessorConfig::default())
