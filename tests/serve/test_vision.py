@@ -6,7 +6,6 @@ import base64
 import json
 
 import anthropic
-import httpx
 import ollama
 import openai
 import pytest
