@@ -140,3 +140,17 @@ def test_gguf_and_mmproj_pair():
         assert r.choices[0].message.content == want(case)
     finally:
         s.stop()
+
+
+def test_request_log_has_the_images_and_their_encoding_time():
+    s = Server(VL, "-np", "1", "--log-format", "json")
+    try:
+        s.client().chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url("small")}}, {"type": "text", "text": "x"}]}])
+        s.client().chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        reqs = [json.loads(l) for l in s.logs().splitlines() if l.startswith("{") and '"event":"request"' in l]
+        assert len(reqs) == 2, s.logs()
+        assert reqs[0]["images"] == 1 and reqs[0]["encode_ms"] > 0 and reqs[0]["ttft_ms"] >= reqs[0]["encode_ms"]
+        assert "images" not in reqs[1]
+    finally:
+        s.stop()

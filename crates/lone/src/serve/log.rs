@@ -69,6 +69,8 @@ pub struct RequestLog {
     choices: usize,
     error: Option<String>,
     logged: bool,
+    /// Images in the prompt and the time their processing and encoding took.
+    images: Option<(usize, std::time::Duration)>,
 }
 
 impl RequestLog {
@@ -98,6 +100,7 @@ impl RequestLog {
             choices,
             error: None,
             logged: false,
+            images: None,
         }
     }
 
@@ -142,25 +145,32 @@ impl RequestLog {
             .then(|| (self.generated - self.choices) as f64 / decode);
         let incomplete = self.finish.len() < self.choices && self.error.is_none();
         let status = if self.error.is_some() { 500 } else { 200 };
-        self.cfg.line(
-            "request",
-            json!({
-                "id": self.id,
-                "endpoint": self.endpoint,
-                "model": self.model,
-                "status": status,
-                "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": self.cached,
-                "generated_tokens": self.generated,
-                "ttft_ms": ttft.map(|t| (t * 1e4).round() / 10.0),
-                "decode_tok_s": rate.map(|r| (r * 10.0).round() / 10.0),
-                "total_ms": (total * 1e4).round() / 10.0,
-                "finish": self.finish.join(","),
-                "disconnected": incomplete.then_some(true),
-                "error": self.error,
-                "prompt": self.prompt,
-            }),
-        );
+        let mut line = json!({
+            "id": self.id,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "status": status,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached,
+            "generated_tokens": self.generated,
+            "ttft_ms": ttft.map(|t| (t * 1e4).round() / 10.0),
+            "decode_tok_s": rate.map(|r| (r * 10.0).round() / 10.0),
+            "total_ms": (total * 1e4).round() / 10.0,
+            "finish": self.finish.join(","),
+            "disconnected": incomplete.then_some(true),
+            "error": self.error,
+            "prompt": self.prompt,
+        });
+        if let Some((n, t)) = self.images {
+            line["images"] = json!(n);
+            line["encode_ms"] = json!((t.as_secs_f64() * 1e4).round() / 10.0);
+        }
+        self.cfg.line("request", line);
+    }
+
+    /// The request's prompt held `n` images, processed and encoded in `t`.
+    pub fn set_images(&mut self, n: usize, t: std::time::Duration) {
+        self.images = Some((n, t));
     }
 }
 

@@ -959,6 +959,7 @@ fn start(
     };
     let images = images::decode_all(ready, &openai::message_images(&msgs))?;
     let mut embeds = None;
+    let mut image_info = None;
     let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
         Kind::Chat => {
             let f: openai::ChatFields = openai::fields(&v)?;
@@ -970,6 +971,7 @@ fn start(
             } else {
                 let p = images::prompt(ready, &prompt_text, images)?;
                 embeds = Some(Arc::new(p.embeds));
+                image_info = Some((p.images.len(), p.encode_time));
                 p.ids
             };
             if log_cfg.prompts {
@@ -1162,7 +1164,7 @@ fn start(
         }
     }
 
-    let log = log::RequestLog::new(
+    let mut log = log::RequestLog::new(
         log_cfg,
         &meta.id,
         endpoint,
@@ -1172,6 +1174,9 @@ fn start(
         prompt_log,
         t0,
     );
+    if let Some((n, t)) = image_info {
+        log.set_images(n, t);
+    }
     Ok(Started {
         meta,
         stream: settings.stream,
