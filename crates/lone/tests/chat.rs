@@ -383,3 +383,46 @@ fn bad_options_are_errors() {
     assert_eq!(code, 1, "{stderr}");
     assert!(!stderr.contains("panicked"));
 }
+
+/// `/image FILE` attaches an image to the next message of a vision-language model: the reply
+/// is transformers' greedy reply (tests/reference/fixtures/lfm2_vl, case `one`), and a
+/// second turn keeps the image in the conversation. A text-only model and bad files get an
+/// error line, and the REPL goes on.
+#[test]
+fn image_command_attaches_an_image_to_the_next_message() {
+    let vl = fixture("lfm2_vl");
+    let want: String = serde_json::from_str(
+        &std::fs::read_to_string(vl.join("cases/one/greedy_text.json")).unwrap(),
+    )
+    .unwrap();
+    let input = format!(
+        "/image {}\n/image\n/image /nonexistent.png\n/image {}\nWhat is this?\nAnd now?\n",
+        vl.join("images/small.png").display(),
+        vl.join("config.json").display()
+    );
+    let (code, stdout, stderr) = run_piped(&vl, &["-n", "12", "--ignore-eos"], input.as_bytes());
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(stderr.contains("image 70×45 attached"), "{stderr}");
+    assert_eq!(stderr.matches("error:").count(), 3, "{stderr}");
+    assert!(
+        stdout.starts_with(&want),
+        "{stdout:?} does not start with {want:?}"
+    );
+    let prefills: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("[prefill "))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    // The first turn's 29 prompt tokens (case `one`); the second prefills from the image on.
+    assert_eq!(prefills.len(), 2, "{stderr}");
+    assert_eq!(prefills[0], 29);
+    assert!(prefills[1] > 29 - 5, "{stderr}");
+
+    let (code, _, stderr) = run_piped(
+        &fixture("lfm2_a"),
+        &["-n", "2"],
+        format!("/image {}\nhi\n", vl.join("images/small.png").display()).as_bytes(),
+    );
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(stderr.contains("takes no images"), "{stderr}");
+}

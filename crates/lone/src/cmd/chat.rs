@@ -57,6 +57,7 @@ const HELP: &str = "\
 Type a message and press Enter. Commands:
   /reset         clear the conversation (the model stays loaded)
   /system TEXT   set the system prompt and start over (/system alone removes it)
+  /image FILE    attach an image to your next message (a vision-language model)
   /stats         statistics of the session so far
   /help          this help
   /quit          leave (also Ctrl-D)
@@ -75,6 +76,10 @@ pub struct Conversation {
     /// `(text offset, token count)` pairs where `text[..offset]` is exactly what
     /// `tokens[..count]` stand for, in increasing order.
     checkpoints: Vec<(usize, usize)>,
+    /// The images of the turns so far, in order.
+    pub images: Vec<lone_core::vision::image::Rgb8>,
+    /// Images attached to the next user message (`/image`).
+    pub pending: Vec<lone_core::vision::image::Rgb8>,
 }
 
 impl Conversation {
@@ -98,8 +103,18 @@ impl Conversation {
             m.push(json!({"role": "system", "content": s}));
         }
         m.extend(self.messages.iter().cloned());
-        m.push(json!({"role": "user", "content": user}));
+        m.push(self.user_message(user));
         m
+    }
+
+    /// The user's message, its pending images before its text.
+    fn user_message(&self, user: &str) -> Json {
+        if self.pending.is_empty() {
+            return json!({"role": "user", "content": user});
+        }
+        let mut parts = vec![json!({"type": "image"}); self.pending.len()];
+        parts.push(json!({"type": "text", "text": user}));
+        json!({"role": "user", "content": parts})
     }
 
     /// Tokens for `rendered` (the whole conversation as the template renders it): the tokens
@@ -145,9 +160,11 @@ impl Conversation {
         self.text.push_str(&reply.text);
         self.tokens = prompt;
         self.tokens.extend_from_slice(&reply.tokens);
-        self.messages.push(json!({"role": "user", "content": user}));
+        self.messages.push(self.user_message(user));
         self.messages
             .push(json!({"role": "assistant", "content": reply.text}));
+        let pending = std::mem::take(&mut self.pending);
+        self.images.extend(pending);
     }
 }
 
@@ -249,7 +266,29 @@ impl Session {
     pub fn turn(&mut self, user: &str, out: &mut impl Write) -> Result<TurnStats, TurnError> {
         let msgs = self.conv.messages_with(user);
         let rendered = self.text.render_chat(&msgs, true)?;
-        let (prompt, _) = self.conv.prompt_tokens(&self.text, &rendered)?;
+        // With images in the conversation, the whole prompt is expanded and its images encoded
+        // (a cache is reused up to the first image).
+        let (prompt, embeds) = match &self.model.vision {
+            Some(v) if !self.conv.images.is_empty() || !self.conv.pending.is_empty() => {
+                let all: Vec<_> = self
+                    .conv
+                    .images
+                    .iter()
+                    .chain(&self.conv.pending)
+                    .cloned()
+                    .collect();
+                let p = v.prompt(
+                    &self.text.tokenizer,
+                    &rendered,
+                    false,
+                    &all,
+                    &self.model.compute,
+                )?;
+                (p.ids, Some(Arc::new(p.embeds)))
+            }
+            _ => (self.conv.prompt_tokens(&self.text, &rendered)?.0, None),
+        };
+        self.opts.embeds = embeds;
         if prompt.len() >= self.ctx {
             return Err(TurnError::Overflow {
                 needed: prompt.len(),
@@ -434,6 +473,25 @@ impl Input {
     }
 }
 
+/// `/image FILE`: decode the image and attach it to the next user message.
+fn attach_image(s: &mut Session, file: &str) -> Result<String> {
+    if s.model.vision.is_none() {
+        bail!("this model takes no images (it has no vision tower)");
+    }
+    if file.is_empty() {
+        bail!("/image needs a file: /image photo.jpg");
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+    let img = lone_core::vision::image::decode(&bytes, lone_core::vision::MAX_IMAGE_PIXELS)
+        .with_context(|| format!("cannot use {file} as an image"))?;
+    let msg = format!(
+        "image {}×{} attached to your next message",
+        img.width, img.height
+    );
+    s.conv.pending.push(img);
+    Ok(msg)
+}
+
 pub fn chat(a: ChatArgs) -> Result<()> {
     let path = common::resolve_model(a.model.as_deref())?;
     let mut model = common::load_model(&path, a.threads)?;
@@ -543,6 +601,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                     }
                 }
                 "stats" => println!("{}", s.totals_text()),
+                "image" => match attach_image(&mut s, arg) {
+                    Ok(msg) => eprintln!("[{msg}]"),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
                 _ => eprintln!("unknown command /{name}; /help lists the commands"),
             }
             continue;
