@@ -114,7 +114,8 @@ pub fn config(data: &[u8]) {
 }
 
 /// An image file: decoded (at most 4 M pixels, as a request's limit would refuse more), then
-/// processed as LFM2-VL's processor does with a small tile grid, and its placeholder built.
+/// processed as LFM2-VL's processor does with a small tile grid, and its placeholder built;
+/// and as LFM3-VL's (a small pixel range).
 pub fn image(data: &[u8]) {
     use crate::vision::image::{decode, preprocess, ProcessorConfig};
     let Ok(img) = decode(data, 1 << 22) else {
@@ -132,6 +133,15 @@ pub fn image(data: &[u8]) {
             p.placeholder(&cfg).matches("<image>").count(),
             p.n_image_tokens()
         );
+    }
+    let patches = crate::vision::lfm3::PatchProcessor {
+        min_pixels: 32 * 32 * 4,
+        max_pixels: 32 * 32 * 64,
+        ..Default::default()
+    };
+    if let Ok(p) = patches.preprocess(&img) {
+        assert_eq!(p.pixels.len(), p.grid_h * p.grid_w * p.patch_len);
+        assert!(p.grid_h.is_multiple_of(2) && p.grid_w.is_multiple_of(2) && p.n_tokens() > 0);
     }
 }
 

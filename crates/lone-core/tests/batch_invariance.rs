@@ -349,22 +349,26 @@ fn the_same_request_gives_the_same_answer() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A request with images (LFM2-VL, its image rows entering as embeddings) gives its alone
+/// A request with images (LFM2-VL and LFM3-VL, its image rows entering as embeddings) gives its alone
 /// logits when its prompt shares steps with another sequence's decoding and with another
 /// image request's prompt (the default mode merges prompt rows into the decode pass, the
 /// embeddings' rows moving with them), and when a slot's cache already holds its text prefix.
 #[test]
 fn requests_with_images_give_their_alone_logits_in_any_company() {
     use lone_core::engine::PromptEmbeds;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures/lfm2_vl");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures");
     let read_ids = |p: PathBuf| -> Vec<u32> {
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     };
     let mut failures = Vec::new();
-    for mode in [Mode::Auto, Mode::Exact] {
+    for ((family, big, two), mode) in [("lfm2_vl", "tiled", "two"), ("lfm3_vl", "large", "two")]
+        .into_iter()
+        .flat_map(|f| [(f, Mode::Auto), (f, Mode::Exact)])
+    {
+        let dir = fixtures.join(family);
         let mut m = Model::load(&dir).unwrap();
         m.compute.mode = Some(mode);
-        let image_token = m.vision.as_ref().unwrap().cfg.image_token_id;
+        let image_token = m.vision.as_ref().unwrap().image_token_id;
         let image_req = |case: &str| {
             let c = dir.join("cases").join(case);
             let ids = read_ids(c.join("input_ids.json"));
@@ -382,20 +386,20 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
         let text = request(&(1..40u32).collect::<Vec<_>>(), 8);
         let (rt, r1, r2) = (
             alone_req(text.clone()),
-            alone_req(image_req("tiled")),
-            alone_req(image_req("two")),
+            alone_req(image_req(big)),
+            alone_req(image_req(two)),
         );
         let caches = vec![m.new_cache(), m.new_cache(), m.new_cache()];
         let mut s = Scheduler::new(caches, 1 << 20, Vec::new(), None);
         let runs = drive(
             &m,
             &mut s,
-            vec![(0, text), (2, image_req("tiled")), (2, image_req("two"))],
+            vec![(0, text), (2, image_req(big)), (2, image_req(two))],
         );
         for (i, (got, want)) in runs.iter().zip([&rt, &r1, &r2]).enumerate() {
             if got != want {
                 failures.push(format!(
-                    "{} request {i}: {}",
+                    "{family} {} request {i}: {}",
                     mode.name(),
                     first_difference(got, want)
                 ));
@@ -403,11 +407,11 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
         }
         // The same image request again in one slot: its text prefix comes from the cache.
         let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
-        drive(&m, &mut s, vec![(0, image_req("tiled"))]);
-        let again = drive(&m, &mut s, vec![(0, image_req("tiled"))]);
+        drive(&m, &mut s, vec![(0, image_req(big))]);
+        let again = drive(&m, &mut s, vec![(0, image_req(big))]);
         if again[0] != r1 {
             failures.push(format!(
-                "{}: after a cached prefix: {}",
+                "{family} {}: after a cached prefix: {}",
                 mode.name(),
                 first_difference(&again[0], &r1)
             ));

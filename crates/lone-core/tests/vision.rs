@@ -1,7 +1,8 @@
-//! LFM2-VL against transformers on the committed fixture (tests/reference/fixtures/lfm2_vl,
-//! made by tests/reference/vision/generate.py): the vision tower's last hidden state, the
-//! projector's embeddings, and the language model's logits and greedy tokens with those
-//! embeddings in place of the image tokens — the f32 path, within 1e-4.
+//! LFM2-VL and LFM3-VL against transformers on the committed fixtures
+//! (tests/reference/fixtures/lfm2_vl and lfm3_vl, made by tests/reference/vision/generate.py
+//! and generate_lfm3_vl.py): the image processor's pixels, the vision tower's last hidden
+//! state, the projector's embeddings, and the language model's logits and greedy tokens with
+//! those embeddings in place of the image tokens — the f32 path, within 1e-4.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,10 @@ use lone_core::{Batch, Model};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures/lfm2_vl")
+}
+
+fn lfm3_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/fixtures/lfm3_vl")
 }
 
 fn json<T: serde::de::DeserializeOwned>(p: &Path) -> T {
@@ -38,7 +43,11 @@ fn argmax(x: &[f32]) -> u32 {
 }
 
 fn load() -> Model {
-    let mut m = Model::load(&fixture()).unwrap();
+    load_from(&fixture())
+}
+
+fn load_from(dir: &Path) -> Model {
+    let mut m = Model::load(dir).unwrap();
     m.compute.mode = Some(Mode::Exact);
     m
 }
@@ -65,7 +74,7 @@ fn check_language_model(model: &Model, case: &Path, features: &[f32], what: &str
     let greedy: Vec<u32> = json(&case.join("greedy.json"));
     let reference = npy::read(&case.join("logits.npy")).unwrap();
     let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
-    let image_token = model.vision.as_ref().unwrap().cfg.image_token_id;
+    let image_token = model.vision.as_ref().unwrap().image_token_id;
     let embeds = image_embeds(&ids, image_token, features, h);
     let seq: Vec<u32> = ids.iter().chain(&greedy).copied().collect();
     assert_eq!(reference.shape, vec![seq.len(), v]);
@@ -126,6 +135,7 @@ fn vision_tower_and_projector_match_transformers() {
     let vision = model
         .vision
         .as_ref()
+        .and_then(|v| v.lfm2())
         .expect("lfm2_vl loads its vision tower");
     let case = fixture().join("cases/one");
     let pixels = npy::read(&case.join("pixel_values.npy")).unwrap();
@@ -191,7 +201,7 @@ fn bad_embeddings_are_errors() {
 fn images_from_files_through_every_case_match_transformers() {
     let model = load();
     let text = lone_core::text::TextIo::load(&model, &fixture()).unwrap();
-    every_case_from_files(model, &text, "safetensors");
+    every_case_from_files(model, &text, &fixture(), "safetensors");
 }
 
 /// llama.cpp's GGUF pair (`convert_hf_to_gguf.py` and `--mmproj`, f32) made from the same
@@ -205,7 +215,7 @@ fn gguf_and_mmproj_pair_matches_transformers() {
         .load_mmproj(&fixture().join("mmproj-f32.gguf"))
         .unwrap();
     let text = lone_core::text::TextIo::load(&model, &fixture().join("model-f32.gguf")).unwrap();
-    every_case_from_files(model, &text, "GGUF + mmproj");
+    every_case_from_files(model, &text, &fixture(), "GGUF + mmproj");
 }
 
 /// An mmproj beside a language model without the image token, and a text GGUF given as the
@@ -221,24 +231,36 @@ fn a_wrong_mmproj_is_an_error() {
         .is_err());
 }
 
-fn every_case_from_files(mut model: Model, text: &lone_core::text::TextIo, what: &str) {
-    let base = model.vision.as_ref().unwrap().processor.clone();
-    let meta: serde_json::Value = json(&fixture().join("meta.json"));
+fn every_case_from_files(
+    mut model: Model,
+    text: &lone_core::text::TextIo,
+    fixture: &Path,
+    what: &str,
+) {
+    let base = model
+        .vision
+        .as_ref()
+        .unwrap()
+        .lfm2()
+        .map(|t| t.processor.clone());
+    let meta: serde_json::Value = json(&fixture.join("meta.json"));
     for (case, m) in meta["cases"].as_object().unwrap() {
-        let dir = fixture().join("cases").join(case);
-        let splitting = m["overrides"]["do_image_splitting"]
-            .as_bool()
-            .unwrap_or(true);
-        model.vision.as_mut().unwrap().processor = ProcessorConfig {
-            do_image_splitting: splitting,
-            ..base.clone()
-        };
+        let dir = fixture.join("cases").join(case);
+        if let Some(base) = &base {
+            let splitting = m["overrides"]["do_image_splitting"]
+                .as_bool()
+                .unwrap_or(true);
+            model.vision.as_mut().unwrap().lfm2_mut().unwrap().processor = ProcessorConfig {
+                do_image_splitting: splitting,
+                ..base.clone()
+            };
+        }
         let images: Vec<_> = m["images"]
             .as_array()
             .unwrap()
             .iter()
             .map(|n| {
-                let p = fixture().join(format!("images/{}.png", n.as_str().unwrap()));
+                let p = fixture.join(format!("images/{}.png", n.as_str().unwrap()));
                 image::decode(&std::fs::read(p).unwrap(), 1 << 24).unwrap()
             })
             .collect();
@@ -266,7 +288,7 @@ fn every_case_from_files(mut model: Model, text: &lone_core::text::TextIo, what:
             &model,
             &dir,
             &p.embeds.data,
-            &format!("lfm2_vl {case} (files)"),
+            &format!("{what} {case} (files)"),
         );
     }
 }
@@ -295,7 +317,7 @@ fn generation_with_images_gives_transformers_greedy_tokens() {
     use lone_core::generate::{generate, GenerateOptions};
     use lone_core::sampler::{Sampler, SamplingParams};
     let model = load();
-    let image_token = model.vision.as_ref().unwrap().cfg.image_token_id;
+    let image_token = model.vision.as_ref().unwrap().image_token_id;
     for case in ["one", "two", "tiled"] {
         let dir = fixture().join("cases").join(case);
         let ids: Vec<u32> = json(&dir.join("input_ids.json"));
@@ -318,4 +340,88 @@ fn generation_with_images_gives_transformers_greedy_tokens() {
             "{case}: greedy tokens through the scheduler"
         );
     }
+}
+
+/// LFM3-VL: transformers' own pixel values (case `one`) through lone's tower and projector,
+/// then the language model.
+#[test]
+fn lfm3_vl_tower_and_projector_match_transformers() {
+    use lone_core::vision::lfm3::Patches;
+    let model = load_from(&lfm3_fixture());
+    let tower = model
+        .vision
+        .as_ref()
+        .and_then(|v| v.lfm3())
+        .expect("lfm3_vl loads its vision tower");
+    let case = lfm3_fixture().join("cases/one");
+    let pixels = npy::read(&case.join("pixel_values.npy")).unwrap();
+    let grid: Vec<[usize; 3]> = json(&case.join("grid_thw.json"));
+    let [_, h, w] = grid[0];
+    let (p, t) = (16, 2);
+    assert_eq!(pixels.shape, vec![h * w, 3 * t * p * p]);
+    // One temporal copy of each channel (the processor repeats the image along time).
+    let mut one = Vec::with_capacity(h * w * 3 * p * p);
+    for row in pixels.data.chunks_exact(3 * t * p * p) {
+        for ch in row.chunks_exact(t * p * p) {
+            assert_eq!(ch[..p * p], ch[p * p..], "the temporal copies are equal");
+            one.extend_from_slice(&ch[..p * p]);
+        }
+    }
+    let patches = Patches {
+        grid_h: h,
+        grid_w: w,
+        merge: 2,
+        patch_len: 3 * p * p,
+        pixels: one,
+    };
+    assert_eq!(patches.with_time(t), pixels.data);
+    let pass = lone_core::vision::Vision::pass(&model.compute);
+    let hidden = tower.encode(&patches, &pass).unwrap();
+    let want = npy::read(&case.join("vision.npy")).unwrap();
+    let d = max_diff(&hidden, &want.data);
+    eprintln!("lfm3_vl tower: max |Δ| {d:e}");
+    assert!(d <= 1e-4, "the tower's last hidden state differs by {d}");
+    let features = tower.project(&hidden, &pass);
+    let want = npy::read(&case.join("features.npy")).unwrap();
+    assert_eq!(want.shape, vec![h * w / 4, model.cfg.hidden_size]);
+    let d = max_diff(&features, &want.data);
+    eprintln!("lfm3_vl projector: max |Δ| {d:e}");
+    assert!(d <= 1e-4, "projector output differs by {d}");
+    check_language_model(&model, &case, &features, "lfm3_vl one image");
+}
+
+/// LFM3-VL's image processor on the PNGs gives transformers' pixel values bit for bit
+/// (bicubic resizes up and down, rounding, an image already on the grid) and its grids.
+#[test]
+fn lfm3_vl_processor_gives_transformers_pixels() {
+    use sha2::{Digest, Sha256};
+    let model = load_from(&lfm3_fixture());
+    let tower = model.vision.as_ref().and_then(|v| v.lfm3()).unwrap();
+    let meta: serde_json::Value = json(&lfm3_fixture().join("meta.json"));
+    for (case, m) in meta["cases"].as_object().unwrap() {
+        let dir = lfm3_fixture().join("cases").join(case);
+        let grids: Vec<[usize; 3]> = json(&dir.join("grid_thw.json"));
+        let mut hasher = Sha256::new();
+        for (n, g) in m["images"].as_array().unwrap().iter().zip(&grids) {
+            let p = lfm3_fixture().join(format!("images/{}.png", n.as_str().unwrap()));
+            let img = image::decode(&std::fs::read(p).unwrap(), 1 << 24).unwrap();
+            let patches = tower.processor.preprocess(&img).unwrap();
+            assert_eq!([1, patches.grid_h, patches.grid_w], *g, "{case}: grid");
+            for v in patches.with_time(2) {
+                hasher.update(v.to_le_bytes());
+            }
+        }
+        let got = format!("{:x}", hasher.finalize());
+        let want = std::fs::read_to_string(dir.join("pixel_values.sha256")).unwrap();
+        assert_eq!(got, want.trim(), "{case}: pixel values");
+    }
+}
+
+/// LFM3-VL from the PNG files through every case: template, processor, placeholder
+/// expansion, tower, projector, logits and greedy tokens.
+#[test]
+fn lfm3_vl_images_from_files_match_transformers() {
+    let model = load_from(&lfm3_fixture());
+    let text = lone_core::text::TextIo::load(&model, &lfm3_fixture()).unwrap();
+    every_case_from_files(model, &text, &lfm3_fixture(), "lfm3_vl");
 }

@@ -27,6 +27,8 @@ Files:
     grid           `_get_grid_layout` results, including exact aspect-ratio ties
     sizes          `smart_resize` and `_is_image_too_large` over many sizes, two configs
     resize         torchvision `resize(uint8, BILINEAR, antialias=True)` of splitmix64 noise
+    resize_bicubic the same resizes with BICUBIC
+    qwen_sizes     Qwen2-VL's `smart_resize` (LFM3-VL's processor) over many sizes, three configs
                    (see `noise`): SHA-256 of the HWC output, and the bytes when small
 """
 
@@ -412,6 +414,39 @@ def main():
         if len(out) <= 48:
             entry.append(out.hex())
         refs["resize"].append(entry)
+
+    # The same resizes with BICUBIC (LFM3-VL's processor, transformers' Qwen2VLImageProcessor).
+    refs["resize_bicubic"] = []
+    for i, (h, w, oh, ow) in enumerate(cases):
+        src = noise(h, w, i)
+        t = torch.from_numpy(src).permute(2, 0, 1).contiguous()
+        try:
+            r = tvF.resize(t, [oh, ow], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+        except RuntimeError as e:
+            print(f"bicubic {h}x{w} -> {oh}x{ow} (seed {i}): torch error, skipped: {str(e)[:60]}", file=sys.stderr)
+            continue
+        out = r.permute(1, 2, 0).contiguous().numpy().tobytes()
+        entry = [h, w, oh, ow, i, sha(out)[:32]]
+        if len(out) <= 48:
+            entry.append(out.hex())
+        refs["resize_bicubic"].append(entry)
+
+    # Qwen2-VL's smart_resize (LFM3-VL's processor): [h, w, factor, min, max, out_h, out_w],
+    # out null where it raises (aspect ratio above 200).
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as qwen_smart_resize
+
+    refs["qwen_sizes"] = []
+    qrng = np.random.default_rng(7)
+    qcfgs = [(32, 32 * 32 * 4, 32 * 32 * 24), (28, 56 * 56, 28 * 28 * 1280), (32, 256 * 256, 1024 * 1024)]
+    dims = [1, 2, 15, 16, 17, 31, 32, 33, 48, 63, 64, 100, 224, 511, 512, 1000, 4000, 7000]
+    pairs = [(h, w) for h in dims for w in dims] + [tuple(int(v) for v in qrng.integers(1, 5000, 2)) for _ in range(200)]
+    for f, lo, hi in qcfgs:
+        for h, w in pairs:
+            try:
+                oh, ow = qwen_smart_resize(h, w, f, lo, hi)
+            except ValueError:
+                oh = ow = None
+            refs["qwen_sizes"].append([h, w, f, lo, hi, oh, ow])
 
     with open(os.path.join(OUT, "refs.json"), "w") as f:
         json.dump(refs, f, separators=(",", ":"))

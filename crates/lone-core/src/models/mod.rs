@@ -130,12 +130,10 @@ impl Model {
         }
         if path.is_dir() {
             let cfg = ModelConfig::from_hf_dir(path)?;
-            let vision = crate::vision::VisionConfig::from_hf_dir(path, cfg.hidden_size)?;
+            let hidden = cfg.hidden_size;
             let files = WeightFiles::Safetensors(SafetensorsFiles::open_dir(path)?);
             let mut model = Self::from_files(path, cfg, files)?;
-            if let Some(vc) = vision {
-                model.vision = Some(crate::vision::Vision::load(&model.weights, vc, path)?);
-            }
+            model.vision = crate::vision::Vision::load_hf(&model.weights, path, hidden)?;
             Ok(model)
         } else {
             let g = GgufFile::open(path)?;

@@ -2,7 +2,7 @@
 //! head): patch embedding, learned position embeddings resized to the tile's patch grid,
 //! pre-norm transformer layers with bidirectional attention, a final layer norm.
 
-use super::{LayerNorm, VisionConfig};
+use super::{bidirectional_attention, LayerNorm, VisionConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Pass};
 use crate::loader::Weights;
@@ -182,7 +182,8 @@ impl Encoder {
             let mut t = x.clone();
             l.norm1.forward(&mut t);
             let [q, k, v] = Linear::forward_many([&l.q, &l.k, &l.v], &t, n);
-            let a = self.attention(&q, &k, &v, n, pass);
+            let hd = d / self.heads;
+            let a = bidirectional_attention(&q, &k, &v, n, self.heads, self.heads, hd, pass);
             let o = l.o.forward(&a, n);
             x.iter_mut().zip(&o).for_each(|(x, &o)| *x += o);
             let mut t = x.clone();
@@ -195,52 +196,5 @@ impl Encoder {
         self.post_norm.forward(&mut x);
         debug_assert_eq!(x.len(), n * d);
         Ok(x)
-    }
-
-    /// Bidirectional multi-head attention over the tile's `n` patches, the heads spread over
-    /// the pool (each head's products then run on its thread alone).
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], n: usize, pass: &Pass) -> Vec<f32> {
-        let (d, heads) = (self.hidden, self.heads);
-        let hd = d / heads;
-        let scale = (hd as f32).powf(-0.5);
-        let head_of = |m: &[f32], h: usize| -> Vec<f32> {
-            m.chunks_exact(d)
-                .flat_map(|row| row[h * hd..(h + 1) * hd].iter().copied())
-                .collect()
-        };
-        let done: Vec<std::sync::Mutex<Vec<f32>>> = (0..heads)
-            .map(|_| std::sync::Mutex::new(Vec::new()))
-            .collect();
-        kernels::parallel_for(heads, 1, &|range| {
-            let _scope = pass.enter();
-            for h in range {
-                let (qh, kh, vh) = (head_of(q, h), head_of(k, h), head_of(v, h));
-                // scores[i][j] = q_i · k_j: K as the "weight" of a GEMM over Q's rows.
-                let mut scores = vec![0f32; n * n];
-                kernels::matmul(&Tensor::from_f32(vec![n, hd], &kh), &qh, n, &mut scores);
-                for row in scores.chunks_exact_mut(n) {
-                    row.iter_mut().for_each(|s| *s *= scale);
-                    kernels::softmax(row);
-                }
-                // out_i = Σ_j p_ij v_j: Vᵀ (`[hd, n]`) as the weight over the probability rows.
-                let mut vt = vec![0f32; hd * n];
-                for (j, row) in vh.chunks_exact(hd).enumerate() {
-                    for (c, &val) in row.iter().enumerate() {
-                        vt[c * n + j] = val;
-                    }
-                }
-                let mut oh = vec![0f32; n * hd];
-                kernels::matmul(&Tensor::from_f32(vec![hd, n], &vt), &scores, n, &mut oh);
-                *done[h].lock().unwrap_or_else(|e| e.into_inner()) = oh;
-            }
-        });
-        let mut out = vec![0f32; n * d];
-        for (h, oh) in done.into_iter().enumerate() {
-            let oh = oh.into_inner().unwrap_or_else(|e| e.into_inner());
-            for (dst, src) in out.chunks_exact_mut(d).zip(oh.chunks_exact(hd)) {
-                dst[h * hd..(h + 1) * hd].copy_from_slice(src);
-            }
-        }
-        out
     }
 }

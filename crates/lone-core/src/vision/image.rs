@@ -71,8 +71,60 @@ impl Default for ProcessorConfig {
 /// The largest `max_tiles` accepted (transformers has no limit; the grid search is quadratic).
 const MAX_TILES_LIMIT: usize = 1024;
 
-fn cfg_err(msg: impl Into<String>) -> Error {
+pub(crate) fn cfg_err(msg: impl Into<String>) -> Error {
     Error::Config(format!("image processor config: {}", msg.into()))
+}
+
+type JsonMap = serde_json::Map<String, Value>;
+
+/// A processor setting that is a non-negative integer, `d` when absent or null.
+pub(crate) fn json_uint(o: &JsonMap, k: &str, d: usize) -> Result<usize> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(d),
+        Some(x) => x
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| cfg_err(format!("{k} must be a non-negative integer"))),
+    }
+}
+
+/// A processor setting that is true or false, `d` when absent or null.
+pub(crate) fn json_bool(o: &JsonMap, k: &str, d: bool) -> Result<bool> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(d),
+        Some(x) => x
+            .as_bool()
+            .ok_or_else(|| cfg_err(format!("{k} must be true or false"))),
+    }
+}
+
+/// A processor setting that is a number, `d` when absent or null.
+pub(crate) fn json_float(o: &JsonMap, k: &str, d: f64) -> Result<f64> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(d),
+        Some(x) => x
+            .as_f64()
+            .ok_or_else(|| cfg_err(format!("{k} must be a number"))),
+    }
+}
+
+/// A per-channel processor setting (a number or 3), `d` when absent or null.
+pub(crate) fn json_triple(o: &JsonMap, k: &str, d: [f32; 3]) -> Result<[f32; 3]> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(d),
+        Some(Value::Number(n)) => Ok([n.as_f64().unwrap_or(f64::NAN) as f32; 3]),
+        Some(Value::Array(a)) if a.len() == 3 => {
+            let mut out = [0f32; 3];
+            for (o, x) in out.iter_mut().zip(a) {
+                *o = x
+                    .as_f64()
+                    .ok_or_else(|| cfg_err(format!("{k} must hold numbers")))?
+                    as f32;
+            }
+            Ok(out)
+        }
+        Some(_) => Err(cfg_err(format!("{k} must be a number or 3 numbers"))),
+    }
 }
 
 impl ProcessorConfig {
@@ -85,48 +137,10 @@ impl ProcessorConfig {
             _ => top,
         };
         let mut c = ProcessorConfig::default();
-        let uint = |k: &str, d: usize| -> Result<usize> {
-            match ip.get(k) {
-                None | Some(Value::Null) => Ok(d),
-                Some(x) => x
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| cfg_err(format!("{k} must be a non-negative integer"))),
-            }
-        };
-        let boolean = |o: &serde_json::Map<String, Value>, k: &str, d: bool| -> Result<bool> {
-            match o.get(k) {
-                None | Some(Value::Null) => Ok(d),
-                Some(x) => x
-                    .as_bool()
-                    .ok_or_else(|| cfg_err(format!("{k} must be true or false"))),
-            }
-        };
-        let float = |k: &str, d: f64| -> Result<f64> {
-            match ip.get(k) {
-                None | Some(Value::Null) => Ok(d),
-                Some(x) => x
-                    .as_f64()
-                    .ok_or_else(|| cfg_err(format!("{k} must be a number"))),
-            }
-        };
-        let triple = |k: &str, d: [f32; 3]| -> Result<[f32; 3]> {
-            match ip.get(k) {
-                None | Some(Value::Null) => Ok(d),
-                Some(Value::Number(n)) => Ok([n.as_f64().unwrap_or(f64::NAN) as f32; 3]),
-                Some(Value::Array(a)) if a.len() == 3 => {
-                    let mut out = [0f32; 3];
-                    for (o, x) in out.iter_mut().zip(a) {
-                        *o = x
-                            .as_f64()
-                            .ok_or_else(|| cfg_err(format!("{k} must hold numbers")))?
-                            as f32;
-                    }
-                    Ok(out)
-                }
-                Some(_) => Err(cfg_err(format!("{k} must be a number or 3 numbers"))),
-            }
-        };
+        let uint = |k: &str, d: usize| json_uint(ip, k, d);
+        let boolean = json_bool;
+        let float = |k: &str, d: f64| json_float(ip, k, d);
+        let triple = |k: &str, d: [f32; 3]| json_triple(ip, k, d);
         c.downsample_factor = uint("downsample_factor", c.downsample_factor)?;
         c.do_image_splitting = boolean(ip, "do_image_splitting", c.do_image_splitting)?;
         c.min_tiles = uint("min_tiles", c.min_tiles)?;
@@ -330,7 +344,49 @@ fn to_rgb8(img: DynamicImage) -> Rgb8 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Resize: torch's uint8 bilinear antialias kernel.
+// Resize: torch's uint8 antialias kernels (bilinear and bicubic).
+
+/// The interpolation of a resize: torch's `aa_filter`s, Pillow's too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// The triangle filter (`interp_size` 2).
+    Bilinear,
+    /// Keys' cubic convolution with a = −0.5 (`interp_size` 4).
+    Bicubic,
+}
+
+impl Filter {
+    /// Half the filter's width in source pixels at scale 1.
+    fn half_width(self) -> f64 {
+        match self {
+            Filter::Bilinear => 1.0,
+            Filter::Bicubic => 2.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        let x = x.abs();
+        match self {
+            Filter::Bilinear => {
+                if x < 1.0 {
+                    1.0 - x
+                } else {
+                    0.0
+                }
+            }
+            Filter::Bicubic => {
+                const A: f64 = -0.5;
+                if x < 1.0 {
+                    ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
 
 /// One axis of torch's separable resample: for each output index the first input index, the
 /// number of taps and their int16 weights, all with `precision` fractional bits.
@@ -342,16 +398,17 @@ struct AxisWeights {
     precision: u32,
 }
 
-/// torch's `_compute_indices_int16_weights_aa` for the bilinear filter (`interp_size` 2,
-/// `align_corners` false, no explicit scale): f64 weights as Pillow's `precompute_coeffs`,
-/// normalized per output, then scaled to int16 with as many fractional bits as the largest
-/// weight allows (`(int)(0.5 + w·2^p) < 2^15` for `p + 1`, at most 22).
-fn axis_weights(input: usize, output: usize) -> AxisWeights {
+/// torch's `_compute_indices_int16_weights_aa` (`align_corners` false, no explicit scale):
+/// f64 weights as Pillow's `precompute_coeffs`, normalized per output, then scaled to int16
+/// with as many fractional bits as the largest weight allows (`(int)(0.5 + w·2^p) < 2^15`
+/// for `p + 1`, at most 22), negative weights rounded away from zero.
+fn axis_weights(input: usize, output: usize, filter: Filter) -> AxisWeights {
     let scale = input as f64 / output as f64;
+    let hw = filter.half_width();
     let (support, invscale) = if scale >= 1.0 {
-        (scale, 1.0 / scale)
+        (hw * scale, 1.0 / scale)
     } else {
-        (1.0, 1.0)
+        (hw, 1.0)
     };
     let ksize = support.ceil() as usize * 2 + 1;
     let mut wf = vec![0f64; output * ksize];
@@ -364,9 +421,7 @@ fn axis_weights(input: usize, output: usize) -> AxisWeights {
         let n = xmax.saturating_sub(xmin).min(ksize);
         let mut total = 0f64;
         for (j, w) in row[..n].iter_mut().enumerate() {
-            let x = ((j + xmin) as f64 - center + 0.5) * invscale;
-            let x = x.abs();
-            *w = if x < 1.0 { 1.0 - x } else { 0.0 };
+            *w = filter.weight(((j + xmin) as f64 - center + 0.5) * invscale);
             total += *w;
         }
         if total != 0.0 {
@@ -408,8 +463,8 @@ fn fixed_to_u8(acc: i32, precision: u32) -> u8 {
     (acc >> precision).clamp(0, 255) as u8
 }
 
-fn resize_horizontal(src: &[u8], h: usize, w: usize, out_w: usize) -> Vec<u8> {
-    let aw = axis_weights(w, out_w);
+fn resize_horizontal(src: &[u8], h: usize, w: usize, out_w: usize, filter: Filter) -> Vec<u8> {
+    let aw = axis_weights(w, out_w, filter);
     let half = if aw.precision > 0 {
         1i32 << (aw.precision - 1)
     } else {
@@ -435,8 +490,8 @@ fn resize_horizontal(src: &[u8], h: usize, w: usize, out_w: usize) -> Vec<u8> {
     out
 }
 
-fn resize_vertical(src: &[u8], h: usize, w: usize, out_h: usize) -> Vec<u8> {
-    let aw = axis_weights(h, out_h);
+fn resize_vertical(src: &[u8], h: usize, w: usize, out_h: usize, filter: Filter) -> Vec<u8> {
+    let aw = axis_weights(h, out_h, filter);
     let half = if aw.precision > 0 {
         1i32 << (aw.precision - 1)
     } else {
@@ -469,16 +524,23 @@ fn resize_vertical(src: &[u8], h: usize, w: usize, out_h: usize) -> Vec<u8> {
 /// over int16 weights and rounded to bytes in between. Byte-identical to torch on x86 with
 /// AVX2/AVX-512 and on aarch64; on x86 without AVX2 torchvision resizes in f32 instead.
 pub fn resize_bilinear_aa(src: &Rgb8, out_h: usize, out_w: usize) -> Rgb8 {
+    resize_aa(src, out_h, out_w, Filter::Bilinear)
+}
+
+/// torch's uint8 antialiased resize with `filter` ([`resize_bilinear_aa`]). torchvision hands
+/// uint8 images to torch's kernel for `BICUBIC` on every CPU; on x86 with AVX2 (the
+/// references') that is this fixed-point kernel.
+pub fn resize_aa(src: &Rgb8, out_h: usize, out_w: usize, filter: Filter) -> Rgb8 {
     let (h, w) = (src.height, src.width);
     if (h, w) == (out_h, out_w) {
         return src.clone();
     }
     let mut data = src.data.clone();
     if w != out_w {
-        data = resize_horizontal(&data, h, w, out_w);
+        data = resize_horizontal(&data, h, w, out_w, filter);
     }
     if h != out_h {
-        data = resize_vertical(&data, h, out_w, out_h);
+        data = resize_vertical(&data, h, out_w, out_h, filter);
     }
     Rgb8 {
         width: out_w,
@@ -663,26 +725,50 @@ pub fn grid_layout(
 /// (`torch.tensor(mean) * (1.0 / rescale_factor)`), the subtraction and division f32
 /// (`tvF.normalize`); normalize alone `(x − mean) / std`; rescale alone `x · rf` in f32.
 pub fn normalization_table(cfg: &ProcessorConfig) -> [[f32; 256]; 3] {
-    let mut t = [[0f32; 256]; 3];
-    for (c, tc) in t.iter_mut().enumerate() {
-        let (mean, std) = if cfg.do_rescale {
-            let inv = (1.0 / cfg.rescale_factor) as f32;
-            (cfg.image_mean[c] * inv, cfg.image_std[c] * inv)
-        } else {
-            (cfg.image_mean[c], cfg.image_std[c])
-        };
-        for (v, o) in tc.iter_mut().enumerate() {
-            let x = v as f32;
-            *o = if cfg.do_normalize {
-                (x - mean) / std
-            } else if cfg.do_rescale {
-                x * cfg.rescale_factor as f32
-            } else {
-                x
-            };
-        }
+    Normalize {
+        do_rescale: cfg.do_rescale,
+        rescale_factor: cfg.rescale_factor,
+        do_normalize: cfg.do_normalize,
+        mean: cfg.image_mean,
+        std: cfg.image_std,
     }
-    t
+    .table()
+}
+
+/// The rescale and normalize settings of an image processor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Normalize {
+    pub do_rescale: bool,
+    pub rescale_factor: f64,
+    pub do_normalize: bool,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+impl Normalize {
+    /// The f32 value of each byte per channel ([`normalization_table`]).
+    pub fn table(&self) -> [[f32; 256]; 3] {
+        let mut t = [[0f32; 256]; 3];
+        for (c, tc) in t.iter_mut().enumerate() {
+            let (mean, std) = if self.do_rescale {
+                let inv = (1.0 / self.rescale_factor) as f32;
+                (self.mean[c] * inv, self.std[c] * inv)
+            } else {
+                (self.mean[c], self.std[c])
+            };
+            for (v, o) in tc.iter_mut().enumerate() {
+                let x = v as f32;
+                *o = if self.do_normalize {
+                    (x - mean) / std
+                } else if self.do_rescale {
+                    x * self.rescale_factor as f32
+                } else {
+                    x
+                };
+            }
+        }
+        t
+    }
 }
 
 /// One tile (or the thumbnail, or the single resized image) as the encoder's input.
@@ -941,8 +1027,17 @@ mod tests {
 
     #[test]
     fn resize_matches_torchvision_bytes() {
+        check_resizes("resize", Filter::Bilinear);
+    }
+
+    #[test]
+    fn bicubic_resize_matches_torchvision_bytes() {
+        check_resizes("resize_bicubic", Filter::Bicubic);
+    }
+
+    fn check_resizes(key: &str, filter: Filter) {
         let r = refs();
-        let cases = r["resize"].as_array().unwrap();
+        let cases = r[key].as_array().unwrap();
         assert!(cases.len() > 100);
         for c in cases {
             let c = c.as_array().unwrap();
@@ -953,7 +1048,7 @@ mod tests {
                 usize_of(&c[3]),
             );
             let src = Rgb8::new(w, h, noise(h, w, c[4].as_u64().unwrap())).unwrap();
-            let out = resize_bilinear_aa(&src, oh, ow);
+            let out = resize_aa(&src, oh, ow, filter);
             assert_eq!((out.height, out.width), (oh, ow));
             if let Some(hex) = c.get(6) {
                 let want: Vec<u8> = (0..hex.as_str().unwrap().len() / 2)
@@ -961,12 +1056,12 @@ mod tests {
                         u8::from_str_radix(&hex.as_str().unwrap()[2 * i..2 * i + 2], 16).unwrap()
                     })
                     .collect();
-                assert_eq!(out.data, want, "resize {h}x{w} -> {oh}x{ow}");
+                assert_eq!(out.data, want, "{key} {h}x{w} -> {oh}x{ow}");
             }
             assert_eq!(
                 &sha_hex(&out.data)[..32],
                 c[5].as_str().unwrap(),
-                "resize {h}x{w} -> {oh}x{ow} differs from torchvision"
+                "{key} {h}x{w} -> {oh}x{ow} differs from torchvision"
             );
         }
     }

@@ -1,12 +1,16 @@
-//! Vision-language models (LFM2-VL): images → patches ([`image`]) → the SigLIP2 NaFlex
-//! encoder ([`encoder`]) → the pixel-unshuffle projector → embeddings that take the place of
-//! the prompt's image tokens ([`crate::models::Batch::embeds`]).
+//! Vision-language models: images → patches → a vision tower → a projector → embeddings that
+//! take the place of the prompt's image tokens ([`crate::models::Batch::embeds`]).
 //!
-//! Reads like transformers' `modeling_lfm2_vl.py` and `modeling_siglip2.py`; the f32 path
-//! matches them within 1e-4 (tests/vision.rs).
+//! - LFM2-VL ([`image`], [`encoder`], [`Projector`]): tiles of a SigLIP2 NaFlex encoder and a
+//!   pixel-unshuffle projector, as transformers' `modeling_lfm2_vl.py` and
+//!   `modeling_siglip2.py`;
+//! - LFM3-VL ([`lfm3`]): a convolution + attention tower over the whole image's patch grid.
+//!
+//! The f32 path matches transformers within 1e-4 (tests/vision.rs).
 
 pub mod encoder;
 pub mod image;
+pub mod lfm3;
 
 use serde_json::Value;
 
@@ -14,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{Compute, Mode, Pass, PassKind};
 use crate::loader::Weights;
 use crate::nn::Linear;
+use crate::tensor::Tensor;
 
 pub use encoder::Encoder;
 
@@ -44,7 +49,7 @@ fn bad(msg: impl Into<String>) -> Error {
     Error::Config(msg.into())
 }
 
-fn usize_of(v: &Value, key: &str, default: Option<usize>) -> Result<usize> {
+pub(crate) fn usize_of(v: &Value, key: &str, default: Option<usize>) -> Result<usize> {
     match v.get(key) {
         Some(x) => x
             .as_u64()
@@ -57,20 +62,13 @@ fn usize_of(v: &Value, key: &str, default: Option<usize>) -> Result<usize> {
 impl VisionConfig {
     /// Whether `model_type` names a vision-language checkpoint lone reads.
     pub fn is_vl_model_type(model_type: &str) -> bool {
-        model_type == "lfm2_vl"
-    }
-
-    /// The vision part of a HF checkpoint directory's `config.json` (`None` for a text-only
-    /// model).
-    pub fn from_hf_dir(dir: &std::path::Path, text_hidden_size: usize) -> Result<Option<Self>> {
-        let v = crate::error::read_json(&dir.join("config.json"))?;
-        Self::from_hf_json(&v, text_hidden_size)
+        matches!(model_type, "lfm2_vl" | "lfm3_vl")
     }
 
     /// The vision part of a HF `config.json` (`None` for a text-only model).
     pub fn from_hf_json(v: &Value, text_hidden_size: usize) -> Result<Option<VisionConfig>> {
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if !Self::is_vl_model_type(model_type) {
+        if model_type != "lfm2_vl" {
             return Ok(None);
         }
         let vc = v
@@ -370,21 +368,103 @@ impl Projector {
     }
 }
 
-/// The vision side of a vision-language model: image processor, encoder and projector.
-pub struct Vision {
+/// Bidirectional multi-head attention over `n` rows (`q`: `[n, heads·hd]`, `k` and `v`:
+/// `[n, kv_heads·hd]`, each key/value head shared by `heads / kv_heads` query heads), the
+/// heads spread over the pool (each head's products then run on its thread alone).
+#[allow(clippy::too_many_arguments)]
+pub fn bidirectional_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    pass: &Pass,
+) -> Vec<f32> {
+    let scale = (hd as f32).powf(-0.5);
+    let group = heads / kv_heads;
+    let head_of = |m: &[f32], width: usize, h: usize| -> Vec<f32> {
+        m.chunks_exact(width)
+            .flat_map(|row| row[h * hd..(h + 1) * hd].iter().copied())
+            .collect()
+    };
+    let done: Vec<std::sync::Mutex<Vec<f32>>> = (0..heads)
+        .map(|_| std::sync::Mutex::new(Vec::new()))
+        .collect();
+    crate::kernels::parallel_for(heads, 1, &|range| {
+        let _scope = pass.enter();
+        for h in range {
+            let kvh = h / group;
+            let qh = head_of(q, heads * hd, h);
+            let (kh, vh) = (
+                head_of(k, kv_heads * hd, kvh),
+                head_of(v, kv_heads * hd, kvh),
+            );
+            // scores[i][j] = q_i · k_j: K as the "weight" of a GEMM over Q's rows.
+            let mut scores = vec![0f32; n * n];
+            crate::kernels::matmul(&Tensor::from_f32(vec![n, hd], &kh), &qh, n, &mut scores);
+            for row in scores.chunks_exact_mut(n) {
+                row.iter_mut().for_each(|s| *s *= scale);
+                crate::kernels::softmax(row);
+            }
+            // out_i = Σ_j p_ij v_j: Vᵀ (`[hd, n]`) as the weight over the probability rows.
+            let mut vt = vec![0f32; hd * n];
+            for (j, row) in vh.chunks_exact(hd).enumerate() {
+                for (c, &val) in row.iter().enumerate() {
+                    vt[c * n + j] = val;
+                }
+            }
+            let mut oh = vec![0f32; n * hd];
+            crate::kernels::matmul(&Tensor::from_f32(vec![hd, n], &vt), &scores, n, &mut oh);
+            *done[h].lock().unwrap_or_else(|e| e.into_inner()) = oh;
+        }
+    });
+    let d = heads * hd;
+    let mut out = vec![0f32; n * d];
+    for (h, oh) in done.into_iter().enumerate() {
+        let oh = oh.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (dst, src) in out.chunks_exact_mut(d).zip(oh.chunks_exact(hd)) {
+            dst[h * hd..(h + 1) * hd].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+/// LFM2-VL's vision side: image processor, SigLIP2 encoder and projector.
+pub struct Lfm2Tower {
     pub cfg: VisionConfig,
     pub processor: image::ProcessorConfig,
     pub encoder: Encoder,
     pub projector: Projector,
 }
 
+/// The vision tower of a vision-language model, with its image processor.
+pub enum Tower {
+    Lfm2(Lfm2Tower),
+    Lfm3(lfm3::Tower),
+}
+
+/// The vision side of a vision-language model.
+pub struct Vision {
+    /// The token the processor repeats once per image embedding.
+    pub image_token_id: u32,
+    /// The language model's hidden size (an embedding's width).
+    pub text_hidden_size: usize,
+    pub tower: Tower,
+}
+
 /// The most pixels an image may declare before it is decoded (PIL's decompression-bomb
 /// error threshold is about 179 M; a phone photo has 12–50 M).
 pub const MAX_IMAGE_PIXELS: u64 = 1 << 27;
 
-/// What a chat template (or a raw prompt) writes where an image goes; the processor expands
-/// each into the image's placeholder tokens.
+/// What LFM2-VL's chat template (or a raw prompt) writes where an image goes; the processor
+/// expands each into the image's placeholder tokens.
 pub const IMAGE_MARKER: &str = "<image>";
+
+/// LFM3-VL's image token: the chat template writes one between `<|vision_start|>` and
+/// `<|vision_end|>`; the processor repeats it once per embedding.
+pub const IMAGE_PAD: &str = "<|image_pad|>";
 
 /// A prompt with images: its tokens and the embeddings of its image rows.
 pub struct ImagePrompt {
@@ -396,29 +476,62 @@ pub struct ImagePrompt {
     pub encode_time: std::time::Duration,
 }
 
-impl Vision {
-    /// The vision side of the checkpoint in `dir` (`processor_config.json` or
-    /// `preprocessor_config.json` configures the image processor; transformers' defaults
-    /// without either).
-    pub fn load(ws: &Weights, cfg: VisionConfig, dir: &std::path::Path) -> Result<Vision> {
-        let processor = Self::processor_in(dir)?;
-        if processor.downsample_factor != cfg.downsample_factor
-            || processor.encoder_patch_size != cfg.patch_size
-        {
-            return Err(bad(format!(
-                "the image processor's patch {} / downsample {} differ from the model's {} / {}",
-                processor.encoder_patch_size,
-                processor.downsample_factor,
-                cfg.patch_size,
-                cfg.downsample_factor
-            )));
+/// The image processor's settings in `dir` (`processor_config.json`, then
+/// `preprocessor_config.json`), if either is there.
+fn processor_json(dir: &std::path::Path) -> Result<Option<Value>> {
+    for name in ["processor_config.json", "preprocessor_config.json"] {
+        let path = dir.join(name);
+        if path.is_file() {
+            return crate::error::read_json(&path).map(Some);
         }
-        Ok(Vision {
-            encoder: Encoder::load(ws, &cfg)?,
-            projector: Projector::load(ws, &cfg)?,
-            processor,
-            cfg,
-        })
+    }
+    Ok(None)
+}
+
+impl Vision {
+    /// The vision side of the HF checkpoint in `dir` (`None` for a text-only model);
+    /// `processor_config.json` or `preprocessor_config.json` configures the image processor
+    /// (transformers' defaults without either).
+    pub fn load_hf(
+        ws: &Weights,
+        dir: &std::path::Path,
+        text_hidden_size: usize,
+    ) -> Result<Option<Vision>> {
+        let v = crate::error::read_json(&dir.join("config.json"))?;
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let pj = || processor_json(dir);
+        let (image_token_id, tower) = match model_type {
+            "lfm2_vl" => {
+                let Some(cfg) = VisionConfig::from_hf_json(&v, text_hidden_size)? else {
+                    return Ok(None);
+                };
+                let processor = match pj()? {
+                    Some(j) => image::ProcessorConfig::from_json(&j)?,
+                    None => image::ProcessorConfig::default(),
+                };
+                (
+                    cfg.image_token_id,
+                    Tower::Lfm2(Lfm2Tower::load(ws, cfg, processor)?),
+                )
+            }
+            "lfm3_vl" => {
+                let cfg = lfm3::Lfm3VisionConfig::from_hf_json(&v, text_hidden_size)?;
+                let processor = match pj()? {
+                    Some(j) => lfm3::PatchProcessor::from_json(&j)?,
+                    None => lfm3::PatchProcessor::default(),
+                };
+                (
+                    cfg.image_token_id,
+                    Tower::Lfm3(lfm3::Tower::load(ws, cfg, processor)?),
+                )
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(Vision {
+            image_token_id,
+            text_hidden_size,
+            tower,
+        }))
     }
 
     /// The vision side from a llama.cpp `mmproj` GGUF beside a language model whose
@@ -432,8 +545,8 @@ impl Vision {
     ) -> Result<Vision> {
         let g = crate::loader::gguf::GgufFile::open(path)?;
         let cfg = VisionConfig::from_mmproj(&g, text_cfg.hidden_size, image_token_id)?;
-        let mut processor = match path.parent() {
-            Some(dir) => Self::processor_in(dir)?,
+        let mut processor = match path.parent().map(processor_json).transpose()?.flatten() {
+            Some(j) => image::ProcessorConfig::from_json(&j)?,
             None => image::ProcessorConfig::default(),
         };
         let three = |k: &str| -> Option<[f32; 3]> {
@@ -457,28 +570,110 @@ impl Vision {
         }
         let ws = Weights::open(path, text_cfg, crate::loader::WeightFiles::Gguf(g));
         Ok(Vision {
-            encoder: Encoder::load(&ws, &cfg)?,
-            projector: Projector::load(&ws, &cfg)?,
-            processor,
-            cfg,
+            image_token_id,
+            text_hidden_size: text_cfg.hidden_size,
+            tower: Tower::Lfm2(Lfm2Tower::load(&ws, cfg, processor)?),
         })
     }
 
-    /// The image processor's settings in `dir` (`processor_config.json`, then
-    /// `preprocessor_config.json`), else transformers' defaults.
-    fn processor_in(dir: &std::path::Path) -> Result<image::ProcessorConfig> {
-        for name in ["processor_config.json", "preprocessor_config.json"] {
-            let path = dir.join(name);
-            if path.is_file() {
-                return image::ProcessorConfig::from_json(&crate::error::read_json(&path)?);
-            }
+    /// LFM2-VL's tower, if this is one.
+    pub fn lfm2(&self) -> Option<&Lfm2Tower> {
+        match &self.tower {
+            Tower::Lfm2(t) => Some(t),
+            Tower::Lfm3(_) => None,
         }
-        Ok(image::ProcessorConfig::default())
     }
 
-    /// Tokenize `text`, whose [`IMAGE_MARKER`]s stand for `images` in order, with each marker
-    /// expanded into its image's placeholder tokens, and encode the images: the prompt's
-    /// tokens and the embeddings of its image rows.
+    /// LFM2-VL's tower, if this is one, to change (its processor settings, say).
+    pub fn lfm2_mut(&mut self) -> Option<&mut Lfm2Tower> {
+        match &mut self.tower {
+            Tower::Lfm2(t) => Some(t),
+            Tower::Lfm3(_) => None,
+        }
+    }
+
+    /// LFM3-VL's tower, if this is one.
+    pub fn lfm3(&self) -> Option<&lfm3::Tower> {
+        match &self.tower {
+            Tower::Lfm3(t) => Some(t),
+            Tower::Lfm2(_) => None,
+        }
+    }
+
+    /// The tower, projector and image processor in one line (`lone inspect`).
+    pub fn describe(&self) -> String {
+        match &self.tower {
+            Tower::Lfm2(t) => {
+                let (c, p) = (&t.cfg, &t.processor);
+                let grid = (c.num_patches as f64).sqrt() as usize;
+                let f = c.downsample_factor;
+                format!(
+                    "SigLIP2 encoder {} layers × {} wide ({} heads), {}px patches, {grid}×{grid} \
+                     position grid; projector {}→{}→{} after a {f}×{f} pixel-unshuffle; images of \
+                     {}–{} tokens, tiles of {}px ({}–{} tiles{})",
+                    c.n_layers,
+                    c.hidden_size,
+                    c.n_heads,
+                    c.patch_size,
+                    c.hidden_size * f * f,
+                    c.projector_hidden_size,
+                    c.text_hidden_size,
+                    p.min_image_tokens,
+                    p.max_image_tokens,
+                    p.tile_size,
+                    p.min_tiles,
+                    p.max_tiles,
+                    if p.use_thumbnail {
+                        " + a thumbnail"
+                    } else {
+                        ""
+                    },
+                )
+            }
+            Tower::Lfm3(t) => {
+                let (c, p) = (&t.cfg, &t.processor);
+                let attn = c.attention.iter().filter(|&&a| a).count();
+                let m = c.merge_size;
+                let f = p.patch_size * m;
+                format!(
+                    "LFM3-VL tower {} layers ({} convolution, {attn} attention) × {} wide ({} \
+                     heads, {} key/value), {}px patches; projector {}→{}→{} per {m}×{m} block; \
+                     images resized to multiples of {f}px, {}–{} tokens",
+                    c.attention.len(),
+                    c.attention.len() - attn,
+                    c.hidden_size,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.patch_size,
+                    c.hidden_size * m * m,
+                    c.projector_hidden_size,
+                    c.text_hidden_size,
+                    p.min_pixels.div_ceil(f * f),
+                    p.max_pixels / (f * f),
+                )
+            }
+        }
+    }
+
+    /// What the model's chat template writes for an image, which [`Vision::prompt`] expands.
+    pub fn marker(&self) -> &'static str {
+        match self.tower {
+            Tower::Lfm2(_) => IMAGE_MARKER,
+            Tower::Lfm3(_) => IMAGE_PAD,
+        }
+    }
+
+    /// What a raw (template-less) prompt gets for an image placed before its text.
+    pub fn raw_marker(&self) -> &'static str {
+        match self.tower {
+            Tower::Lfm2(_) => IMAGE_MARKER,
+            Tower::Lfm3(_) => "<|vision_start|><|image_pad|><|vision_end|>",
+        }
+    }
+
+    /// Tokenize `text`, whose [`Vision::marker`]s stand for `images` in order, with each
+    /// marker expanded into its image's placeholder tokens, and encode the images: the
+    /// prompt's tokens and the embeddings of its image rows.
     pub fn prompt(
         &self,
         tokenizer: &crate::tokenizer::Tokenizer,
@@ -488,32 +683,47 @@ impl Vision {
         compute: &Compute,
     ) -> Result<ImagePrompt> {
         let t0 = std::time::Instant::now();
-        let markers = text.matches(IMAGE_MARKER).count();
+        let marker = self.marker();
+        let markers = text.matches(marker).count();
         if markers != images.len() {
             return Err(Error::Input(format!(
-                "the prompt has {markers} image placeholders ({IMAGE_MARKER}) for {} images",
+                "the prompt has {markers} image placeholders ({marker}) for {} images",
                 images.len()
             )));
         }
         let mut expanded = String::with_capacity(text.len());
         let mut data = Vec::new();
         let mut info = Vec::new();
-        let mut pieces = text.split(IMAGE_MARKER);
+        let mut pieces = text.split(marker);
         expanded.push_str(pieces.next().unwrap_or_default());
         for (img, rest) in images.iter().zip(pieces) {
-            let p = image::preprocess(img, &self.processor)?;
-            expanded.push_str(&p.placeholder(&self.processor));
+            let (placeholder, tiles, e) = match &self.tower {
+                Tower::Lfm2(t) => {
+                    let p = image::preprocess(img, &t.processor)?;
+                    (
+                        p.placeholder(&t.processor),
+                        p.tiles.len(),
+                        t.embed_image(&p, compute)?,
+                    )
+                }
+                Tower::Lfm3(t) => {
+                    let p = t.processor.preprocess(img)?;
+                    let pass = Self::pass(compute);
+                    let e = t.project(&t.encode(&p, &pass)?, &pass);
+                    (IMAGE_PAD.repeat(p.n_tokens()), 1, e)
+                }
+            };
+            expanded.push_str(&placeholder);
             expanded.push_str(rest);
-            let e = self.embed_image(&p, compute)?;
-            info.push((p.tiles.len(), e.len() / self.cfg.text_hidden_size));
+            info.push((tiles, e.len() / self.text_hidden_size));
             data.extend(e);
         }
         let ids = tokenizer.encode(&expanded, add_special_tokens)?;
         let embeds = crate::engine::PromptEmbeds::at_token(
             &ids,
-            self.cfg.image_token_id,
+            self.image_token_id,
             data,
-            self.cfg.text_hidden_size,
+            self.text_hidden_size,
         )?;
         Ok(ImagePrompt {
             ids,
@@ -524,8 +734,9 @@ impl Vision {
     }
 
     /// The pass an image is encoded in: exact mode's f32 products (transformers' numbers), else
-    /// fast mode's many-row kernels. Each tile is encoded alone, so either way an image's
-    /// embeddings never depend on what else is being encoded or generated.
+    /// fast mode's many-row kernels. Each tile (LFM2-VL) or image (LFM3-VL) is encoded alone,
+    /// so either way an image's embeddings never depend on what else is being encoded or
+    /// generated.
     pub fn pass(compute: &Compute) -> Pass {
         match compute.mode() {
             Mode::Exact => Pass {
@@ -539,6 +750,32 @@ impl Vision {
                 threads: compute.threads,
             },
         }
+    }
+}
+
+impl Lfm2Tower {
+    pub fn load(
+        ws: &Weights,
+        cfg: VisionConfig,
+        processor: image::ProcessorConfig,
+    ) -> Result<Lfm2Tower> {
+        if processor.downsample_factor != cfg.downsample_factor
+            || processor.encoder_patch_size != cfg.patch_size
+        {
+            return Err(bad(format!(
+                "the image processor's patch {} / downsample {} differ from the model's {} / {}",
+                processor.encoder_patch_size,
+                processor.downsample_factor,
+                cfg.patch_size,
+                cfg.downsample_factor
+            )));
+        }
+        Ok(Lfm2Tower {
+            encoder: Encoder::load(ws, &cfg)?,
+            projector: Projector::load(ws, &cfg)?,
+            processor,
+            cfg,
+        })
     }
 
     /// The embeddings of one tile's patches (`pixels`: `[h·w, 3·p·p]` in the processor's
@@ -556,7 +793,7 @@ impl Vision {
                 "an image tile of {h}×{w} patches: both must be positive multiples of {f}"
             )));
         }
-        let pass = Self::pass(compute);
+        let pass = Vision::pass(compute);
         let hidden = self.encoder.forward(pixels, h, w, &pass)?;
         let _scope = pass.enter();
         Ok(self.projector.forward(&hidden, h, w))

@@ -361,7 +361,7 @@ pub fn image_prompt(
     files: &[std::path::PathBuf],
     chat: bool,
 ) -> Result<lone_core::vision::ImagePrompt> {
-    use lone_core::vision::{image, IMAGE_MARKER};
+    use lone_core::vision::image;
     let Some(vision) = &model.vision else {
         anyhow::bail!(
             "this model takes no images (it has no vision tower): use a vision-language model \
@@ -377,7 +377,7 @@ pub fn image_prompt(
         );
     }
     // Images go before the text unless it places them itself.
-    let n_before = if user.contains(IMAGE_MARKER) {
+    let n_before = if user.contains(vision.marker()) {
         0
     } else {
         files.len()
@@ -392,7 +392,7 @@ pub fn image_prompt(
         msgs.push(serde_json::json!({"role": "user", "content": content}));
         text.render_chat(&msgs, true)?
     } else {
-        format!("{}{user}", IMAGE_MARKER.repeat(n_before))
+        format!("{}{user}", vision.raw_marker().repeat(n_before))
     };
     Ok(vision.prompt(&text.tokenizer, &prompt, !chat, &images, &model.compute)?)
 }

@@ -268,33 +268,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         writeln!(o, "chat template '{name}': {} bytes{used}", src.len())?;
     }
     if let Some(v) = &model.vision {
-        let (c, p) = (&v.cfg, &v.processor);
-        writeln!(
-            o,
-            "vision: takes images; SigLIP2 encoder {} layers × {} wide ({} heads), {}px patches, \
-             {}×{} position grid; projector {}→{}→{} after a {f}×{f} pixel-unshuffle; images \
-             of {}–{} tokens, tiles of {}px ({}–{} tiles{})",
-            c.n_layers,
-            c.hidden_size,
-            c.n_heads,
-            c.patch_size,
-            (c.num_patches as f64).sqrt() as usize,
-            (c.num_patches as f64).sqrt() as usize,
-            c.hidden_size * c.downsample_factor * c.downsample_factor,
-            c.projector_hidden_size,
-            c.text_hidden_size,
-            p.min_image_tokens,
-            p.max_image_tokens,
-            p.tile_size,
-            p.min_tiles,
-            p.max_tiles,
-            if p.use_thumbnail {
-                " + a thumbnail"
-            } else {
-                ""
-            },
-            f = c.downsample_factor,
-        )?;
+        writeln!(o, "vision: takes images; {}", v.describe())?;
     }
     writeln!(o, "types: {}", types.join(", "))?;
     if !a.no_tensors {
