@@ -1,6 +1,6 @@
 """Images through `lone serve` with the official clients: OpenAI `image_url` data URLs, ollama
-`images`, Anthropic `image` blocks, on the tiny LFM2-VL fixture (transformers' greedy replies
-in tests/reference/fixtures/lfm2_vl/cases); bad images get 400s."""
+`images`, Anthropic `image` blocks, on the tiny LFM2-VL and LFM3-VL fixtures (transformers'
+greedy replies in tests/reference/fixtures/{lfm2_vl,lfm3_vl}/cases); bad images get 400s."""
 
 import base64
 import json
@@ -12,28 +12,30 @@ import pytest
 
 from conftest import ROOT, TINY, Server
 
-VL = ROOT / "tests" / "reference" / "fixtures" / "lfm2_vl"
+FIXTURES = ROOT / "tests" / "reference" / "fixtures"
+VL = FIXTURES / "lfm2_vl"
 CASES = VL / "cases"
 
 
-def b64(name: str) -> str:
-    return base64.b64encode((VL / "images" / f"{name}.png").read_bytes()).decode()
+def b64(name: str, d=VL) -> str:
+    return base64.b64encode((d / "images" / f"{name}.png").read_bytes()).decode()
 
 
-def data_url(name: str) -> str:
-    return "data:image/png;base64," + b64(name)
+def data_url(name: str, d=VL) -> str:
+    return "data:image/png;base64," + b64(name, d)
 
 
-def want(case: str) -> str:
-    return json.loads((CASES / case / "greedy_text.json").read_text())
+def want(case: str, d=VL) -> str:
+    return json.loads((d / "cases" / case / "greedy_text.json").read_text())
 
 
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
-@pytest.fixture(scope="module")
-def vl():
-    s = Server(VL, "-np", "2")
+@pytest.fixture(scope="module", params=["lfm2_vl", "lfm3_vl"])
+def vl(request):
+    s = Server(FIXTURES / request.param, "-np", "2")
+    s.dir = FIXTURES / request.param
     yield s
     s.stop()
 
@@ -43,17 +45,17 @@ def test_openai_image_url_parts(vl):
     r = c.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": data_url("small")}},
+            {"type": "image_url", "image_url": {"url": data_url("small", vl.dir)}},
             {"type": "text", "text": "What is this?"},
         ]}],
         extra_body={"ignore_eos": True},
         **GREEDY,
     )
-    assert r.choices[0].message.content == want("one")
+    assert r.choices[0].message.content == want("one", vl.dir)
     assert "vision" in vl.get("/v1/models").json()["data"][0]["capabilities"]
-    assert r.usage.prompt_tokens == len(json.loads((CASES / "one" / "input_ids.json").read_text()))
+    assert r.usage.prompt_tokens == len(json.loads((vl.dir / "cases" / "one" / "input_ids.json").read_text()))
     # Two images in one message, streamed.
-    parts = [{"type": "image_url", "image_url": {"url": data_url(n)}} for n in ("small", "wide")]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(n, vl.dir)}} for n in ("small", "wide")]
     stream = c.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "Compare them."}]}],
@@ -61,26 +63,26 @@ def test_openai_image_url_parts(vl):
         extra_body={"ignore_eos": True},
         **GREEDY,
     )
-    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == want("two")
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == want("two", vl.dir)
 
 
 def test_ollama_images(vl):
     c = ollama.Client(host=vl.base)
-    r = c.chat(model="m", messages=[{"role": "user", "content": "What is this?", "images": [b64("small")]}],
+    r = c.chat(model="m", messages=[{"role": "user", "content": "What is this?", "images": [b64("small", vl.dir)]}],
                options={"temperature": 0, "num_predict": 12}, stream=False)
-    assert r.message.content == want("one")
-    g = vl.post("/api/generate", json={"model": "m", "prompt": "What is this?", "images": [b64("small")],
+    assert r.message.content == want("one", vl.dir)
+    g = vl.post("/api/generate", json={"model": "m", "prompt": "What is this?", "images": [b64("small", vl.dir)],
                                        "stream": False, "options": {"temperature": 0, "num_predict": 12}})
-    assert g.status_code == 200 and g.json()["response"] == want("one"), g.text
+    assert g.status_code == 200 and g.json()["response"] == want("one", vl.dir), g.text
 
 
 def test_anthropic_image_blocks(vl):
     c = anthropic.Anthropic(base_url=vl.base, api_key="x", max_retries=0)
     r = c.messages.create(model="m", max_tokens=12, messages=[{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("small")}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("small", vl.dir)}},
         {"type": "text", "text": "What is this?"},
     ]}], extra_body={"ignore_eos": True, "temperature": 0})
-    assert r.content[0].text == want("one")
+    assert r.content[0].text == want("one", vl.dir)
 
 
 def test_bad_images_are_400s(vl):

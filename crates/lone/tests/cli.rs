@@ -94,6 +94,82 @@ fn greedy_json_matches_transformers() {
     }
 }
 
+/// `lone run --chat --image` on the vision-language fixtures (LFM2-VL and LFM3-VL, case
+/// `one`): transformers' prompt ids and greedy tokens, and the image's tokens in the stats; a
+/// raw prompt that places the image itself is accepted, and an image for a text-only model is
+/// an error.
+#[test]
+fn run_with_an_image_gives_transformers_greedy_tokens() {
+    for name in ["lfm2_vl", "lfm3_vl"] {
+        let dir = fixture(name);
+        let case = dir.join("cases/one");
+        let image = dir.join("images/small.png");
+        let greedy = read_ids(&case.join("greedy.json"));
+        let v = lone_exact_json(&[
+            "run",
+            "--json",
+            "--model",
+            dir.to_str().unwrap(),
+            "--chat",
+            "--image",
+            image.to_str().unwrap(),
+            "-p",
+            "What is this?",
+            "-n",
+            &greedy.len().to_string(),
+            "--ignore-eos",
+        ]);
+        let prompt: Vec<u32> = serde_json::from_value(v["prompt_ids"].clone()).unwrap();
+        assert_eq!(prompt, read_ids(&case.join("input_ids.json")), "{name}");
+        let got: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
+        assert_eq!(got, greedy, "{name}");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let image_token = cfg["image_token_id"].as_u64().unwrap() as u32;
+        let tokens = prompt.iter().filter(|&&t| t == image_token).count();
+        assert!(tokens > 0, "{name}");
+        assert_eq!(v["stats"]["images"]["image_tokens"][0], tokens, "{name}");
+
+        let marker = if name == "lfm2_vl" {
+            "<image>"
+        } else {
+            "<|vision_start|><|image_pad|><|vision_end|>"
+        };
+        let raw = lone_json(&[
+            "run",
+            "--json",
+            "--model",
+            dir.to_str().unwrap(),
+            "--image",
+            image.to_str().unwrap(),
+            "-p",
+            &format!("Look: {marker} what?"),
+            "-n",
+            "2",
+        ]);
+        assert_eq!(raw["stats"]["images"]["image_tokens"][0], tokens, "{name}");
+    }
+    let out = lone()
+        .args([
+            "run",
+            "--model",
+            fixture("lfm3").to_str().unwrap(),
+            "-p",
+            "hi",
+        ])
+        .args([
+            "--image",
+            fixture("lfm3_vl")
+                .join("images/small.png")
+                .to_str()
+                .unwrap(),
+        ])
+        .output()
+        .unwrap();
+    expect_error(out, "takes no images");
+}
+
 #[test]
 fn dump_logits_matches_transformers() {
     let dir = fixture("qwen2");
