@@ -156,3 +156,68 @@ def test_request_log_has_the_images_and_their_encoding_time():
         assert "images" not in reqs[1]
     finally:
         s.stop()
+
+
+def test_image_urls_are_fetched_only_when_allowed():
+    import http.server
+    import threading
+
+    png = (VL / "images" / "small.png").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/small.png":
+                body, code = png, 200
+            elif self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/small.png")
+                self.end_headers()
+                return
+            elif self.path == "/big.png":
+                body, code = png + b"\0" * (21 << 20), 200
+            else:
+                body, code = b"no", 404
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    def ask(s, url):
+        return s.client().chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "What is this?"},
+            ]}],
+            extra_body={"ignore_eos": True},
+            **GREEDY,
+        )
+
+    s = Server(VL, "-np", "1", "--allow-image-urls")
+    try:
+        assert ask(s, base + "/small.png").choices[0].message.content == want("one")
+        assert ask(s, base + "/moved").choices[0].message.content == want("one")
+        for path, msg in [("/missing.png", "HTTP 404"), ("/big.png", "larger than 20 MiB")]:
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(s, base + path)
+            assert msg in str(e.value), e.value
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(s, "http://127.0.0.1:1/closed.png")
+        assert "cannot fetch" in str(e.value), e.value
+    finally:
+        s.stop()
+    s = Server(VL, "-np", "1")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(s, base + "/small.png")
+        assert "--allow-image-urls" in str(e.value)
+    finally:
+        s.stop()
+        httpd.shutdown()

@@ -13,6 +13,12 @@ use super::{bad_request, Ready};
 /// Most images one request may carry.
 pub const MAX_IMAGES: usize = 16;
 
+/// The largest image an `http(s)` URL may deliver (`--allow-image-urls`).
+pub const MAX_URL_BYTES: u64 = 20 << 20;
+
+/// How long fetching one image URL may take, redirects and body included.
+const URL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Decode every image of a request (data URLs or bare base64): a 400 for a model without
 /// a vision tower, too many images, a remote URL, bad base64 or bytes that are not an image.
 pub fn decode_all(ready: &Ready, refs: &[String]) -> Result<Vec<image::Rgb8>, ApiError> {
@@ -42,20 +48,24 @@ pub fn decode_all(ready: &Ready, refs: &[String]) -> Result<Vec<image::Rgb8>, Ap
         refs.iter()
             .enumerate()
             .map(|(i, r)| {
-                decode_one(r).map_err(|m| bad_request("messages", format!("image {i}: {m}")))
+                decode_one(r, ready.image_urls)
+                    .map_err(|m| bad_request("messages", format!("image {i}: {m}")))
             })
             .collect()
     })
 }
 
-fn decode_one(r: &str) -> Result<image::Rgb8, String> {
+fn decode_one(r: &str, fetch_urls: bool) -> Result<image::Rgb8, String> {
     let r = r.trim();
     if r.starts_with("http://") || r.starts_with("https://") {
-        return Err(
-            "image URLs are not fetched: send the image inline as a data: URL \
-                    (data:image/png;base64,...)"
-                .into(),
-        );
+        if !fetch_urls {
+            return Err(
+                "image URLs are not fetched: send the image inline as a data: URL \
+                 (data:image/png;base64,...), or start the server with --allow-image-urls"
+                    .into(),
+            );
+        }
+        return image::decode(&fetch(r)?, MAX_IMAGE_PIXELS).map_err(|e| e.to_string());
     }
     let b64 = match r.strip_prefix("data:") {
         Some(rest) => {
@@ -75,6 +85,41 @@ fn decode_one(r: &str) -> Result<image::Rgb8, String> {
         .decode(b64.trim())
         .map_err(|e| format!("invalid base64: {e}"))?;
     image::decode(&bytes, MAX_IMAGE_PIXELS).map_err(|e| e.to_string())
+}
+
+/// The body of an `http(s)` image URL: a success status within [`URL_TIMEOUT`], at most
+/// [`MAX_URL_BYTES`], up to 5 redirects.
+fn fetch(url: &str) -> Result<Vec<u8>, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(URL_TIMEOUT))
+        .max_redirects(5)
+        .build()
+        .into();
+    let shown: String = url.chars().take(200).collect();
+    let resp = agent
+        .get(url)
+        .header("User-Agent", concat!("lone/", env!("CARGO_PKG_VERSION")))
+        .call()
+        .map_err(|e| format!("cannot fetch {shown}: {e}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!(
+            "fetching {shown} answered HTTP {}",
+            status.as_u16()
+        ));
+    }
+    resp.into_body()
+        .with_config()
+        .limit(MAX_URL_BYTES)
+        .read_to_vec()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => format!(
+                "the image at {shown} is larger than {} MiB",
+                MAX_URL_BYTES >> 20
+            ),
+            e => format!("cannot read {shown}: {e}"),
+        })
 }
 
 /// The prompt's tokens with each image's placeholder expanded, and its image rows'

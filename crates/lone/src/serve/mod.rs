@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// model's GGUF: requests may then carry images.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
+    /// Fetch `http(s)` image URLs in requests (at most 20 MiB each, 10 s), as OpenAI's API
+    /// does; off by default, since the server would then reach any address a client names.
+    #[arg(long)]
+    pub allow_image_urls: bool,
     /// Seconds a request body may take to arrive (llama-server's read timeout); then 408.
     #[arg(
         long,
@@ -179,6 +183,8 @@ pub struct Ready {
     hidden: usize,
     /// The model takes images (it has a vision tower).
     vision: bool,
+    /// `--allow-image-urls`: fetch `http(s)` image URLs.
+    image_urls: bool,
     /// Host memory it takes with every slot's cache full (weights + caches), for
     /// `--mem-budget`.
     mem_bytes: u64,
@@ -453,6 +459,7 @@ fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>)
         params_label,
         hidden,
         vision,
+        image_urls: a.allow_image_urls,
     })
 }
 
