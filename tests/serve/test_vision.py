@@ -132,6 +132,7 @@ def test_gguf_and_mmproj_pair():
     m = meta["cases"][case]
     s = Server(VL / "model-f32.gguf", "--mmproj", str(VL / "mmproj-f32.gguf"), "-np", "1")
     try:
+        assert "vision" in s.get("/v1/models").json()["data"][0]["capabilities"]
         parts = [{"type": "image_url", "image_url": {"url": data_url(n)}} for n in m["images"]]
         r = s.client().chat.completions.create(
             model="m",

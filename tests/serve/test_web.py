@@ -2,6 +2,7 @@
 tests/web/chat.test.mjs): a model picked, a reply streamed with its stats, stop pressed. The
 server side is checked here: the stopped sequence was cancelled and its slot freed."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -63,5 +64,21 @@ def test_chat_page_in_chromium(tmp_path):
         assert m["lone_active_slots" + label] == 0
         assert m["lone_cancelled_total" + label] >= 1
         assert m["lone_generated_tokens_total" + label] < 1500
+    finally:
+        s.stop()
+
+
+def test_image_attachments_in_chromium():
+    need_browser()
+    vl = ROOT / "tests" / "reference" / "fixtures" / "lfm2_vl"
+    s = Server(vl, "--model", str(TINY), "-np", "1")
+    try:
+        case = vl / "cases" / "one"
+        env = {**os.environ, "LONE_URL": s.base, "LONE_VL_MODEL": vl.name, "LONE_TEXT_MODEL": TINY.name,
+               "LONE_IMAGE": str(vl / "images" / "small.png"),
+               "LONE_PROMPT_TOKENS": str(len(json.loads((case / "input_ids.json").read_text())))}
+        r = subprocess.run(["node", str(WEB / "vision.test.mjs")], env=env, capture_output=True, text=True, timeout=240)
+        print(r.stdout)
+        assert r.returncode == 0, r.stdout + r.stderr + "\n--- server log ---\n" + s.logs()
     finally:
         s.stop()

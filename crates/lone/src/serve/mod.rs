@@ -352,12 +352,7 @@ async fn serve_on(
     let limits = transport::Limits {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
         body_timeout: seconds("--timeout", a.timeout)?,
-        body_limit: if a.mmproj.is_some()
-            || reg
-                .entries
-                .iter()
-                .any(|e| lone_core::vision::takes_images(&e.path))
-        {
+        body_limit: if reg.entries.iter().any(|e| e.vision) {
             IMAGE_BODY_LIMIT
         } else {
             BODY_LIMIT
@@ -647,7 +642,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 /// A model as `/v1/models` lists it, with llama-server's router `status`.
 fn model_object(st: &AppState, e: &models::Entry, status: &models::Status) -> Value {
     let mut caps = vec!["completion"];
-    if lone_core::vision::takes_images(&e.path) {
+    if e.vision {
         caps.push("vision");
     }
     json!({

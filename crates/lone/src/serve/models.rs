@@ -45,6 +45,8 @@ pub struct Entry {
     /// Names accepted in a request's `model`.
     pub names: Vec<String>,
     pub path: PathBuf,
+    /// It takes images: a vision-language checkpoint, or any model with `--mmproj`.
+    pub vision: bool,
     /// This model's engine counters and gauges (its own slots, queue, tokens).
     pub metrics: Arc<Metrics>,
     status: Mutex<Status>,
@@ -174,6 +176,7 @@ impl Registry {
                 Arc::new(Entry {
                     // Until it is loaded: its files' size.
                     bytes: AtomicU64::new(file_bytes(&path)),
+                    vision: a.mmproj.is_some() || lone_core::vision::takes_images(&path),
                     id,
                     names,
                     path,
