@@ -151,10 +151,15 @@ def test_request_log_has_the_images_and_their_encoding_time():
         s.client().chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": data_url("small")}}, {"type": "text", "text": "x"}]}])
         s.client().chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        # The same image again (a conversation's next turn): its encoding is reused.
+        s.client().chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url("small")}}, {"type": "text", "text": "y"}]}])
         reqs = [json.loads(l) for l in s.logs().splitlines() if l.startswith("{") and '"event":"request"' in l]
-        assert len(reqs) == 2, s.logs()
+        assert len(reqs) == 3, s.logs()
         assert reqs[0]["images"] == 1 and reqs[0]["encode_ms"] > 0 and reqs[0]["ttft_ms"] >= reqs[0]["encode_ms"]
+        assert "images_reused" not in reqs[0]
         assert "images" not in reqs[1]
+        assert reqs[2]["images"] == 1 and reqs[2]["images_reused"] == 1
     finally:
         s.stop()
 

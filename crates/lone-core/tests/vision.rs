@@ -425,3 +425,47 @@ fn lfm3_vl_images_from_files_match_transformers() {
     let text = lone_core::text::TextIo::load(&model, &lfm3_fixture()).unwrap();
     every_case_from_files(model, &text, &lfm3_fixture(), "lfm3_vl");
 }
+
+/// An image sent again (a conversation's next turn) reuses its encoding: the same ids and
+/// embeddings; other pixels, other processor settings or the other numeric mode encode anew.
+#[test]
+fn a_repeated_image_reuses_its_encoding() {
+    let mut model = load();
+    let text = lone_core::text::TextIo::load(&model, &fixture()).unwrap();
+    let read = |n: &str| {
+        let p = fixture().join(format!("images/{n}.png"));
+        image::decode(&std::fs::read(p).unwrap(), 1 << 24).unwrap()
+    };
+    let (small, wide) = (read("small"), read("wide"));
+    let ask = |m: &Model, imgs: &[image::Rgb8]| {
+        let prompt = "<image>".repeat(imgs.len()) + "What is this?";
+        m.vision
+            .as_ref()
+            .unwrap()
+            .prompt(&text.tokenizer, &prompt, false, imgs, &m.compute)
+            .unwrap()
+    };
+    let first = ask(&model, std::slice::from_ref(&small));
+    assert_eq!(first.reused, 0);
+    let again = ask(&model, &[small.clone(), wide.clone()]);
+    assert_eq!(again.reused, 1, "the small image again, the wide one new");
+    assert_eq!(again.images[0], first.images[0]);
+    let n = first.embeds.data.len();
+    assert_eq!(again.embeds.data[..n], first.embeds.data[..]);
+    assert_eq!(ask(&model, &[wide.clone(), small.clone()]).reused, 2);
+
+    model.compute.mode = Some(Mode::Auto);
+    assert_eq!(
+        ask(&model, std::slice::from_ref(&small)).reused,
+        0,
+        "another mode"
+    );
+    model.compute.mode = Some(Mode::Exact);
+    let t = model.vision.as_mut().unwrap().lfm2_mut().unwrap();
+    t.processor.do_image_splitting = !t.processor.do_image_splitting;
+    assert_eq!(
+        ask(&model, std::slice::from_ref(&small)).reused,
+        0,
+        "other settings"
+    );
+}

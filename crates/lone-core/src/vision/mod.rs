@@ -452,6 +452,52 @@ pub struct Vision {
     /// The language model's hidden size (an embedding's width).
     pub text_hidden_size: usize,
     pub tower: Tower,
+    /// Recently encoded images by content (a conversation sends its images again each turn).
+    encoded: std::sync::Mutex<EncodedImages>,
+}
+
+/// One encoded image: its placeholder text, tiles and embeddings.
+#[derive(Clone)]
+struct Encoded {
+    placeholder: String,
+    tiles: usize,
+    embeds: std::sync::Arc<Vec<f32>>,
+}
+
+/// The most embedding bytes [`EncodedImages`] keeps.
+const ENCODED_BYTES: usize = 64 << 20;
+
+/// Encoded images keyed by a digest of their pixels, the image processor's settings and the
+/// numeric mode; the least recently used go first past [`ENCODED_BYTES`].
+#[derive(Default)]
+struct EncodedImages {
+    entries: std::collections::VecDeque<([u8; 32], Encoded)>,
+    bytes: usize,
+}
+
+impl EncodedImages {
+    fn get(&mut self, key: &[u8; 32]) -> Option<Encoded> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        let e = self.entries.remove(i)?;
+        let out = e.1.clone();
+        self.entries.push_back(e);
+        Some(out)
+    }
+
+    fn insert(&mut self, key: [u8; 32], e: Encoded) {
+        let size = e.embeds.len() * 4;
+        if size > ENCODED_BYTES {
+            return;
+        }
+        self.bytes += size;
+        self.entries.push_back((key, e));
+        while self.bytes > ENCODED_BYTES {
+            match self.entries.pop_front() {
+                Some((_, old)) => self.bytes -= old.embeds.len() * 4,
+                None => break,
+            }
+        }
+    }
 }
 
 /// The most pixels an image may declare before it is decoded (PIL's decompression-bomb
@@ -474,6 +520,8 @@ pub struct ImagePrompt {
     pub images: Vec<(usize, usize)>,
     /// Time spent processing and encoding the images.
     pub encode_time: std::time::Duration,
+    /// Images whose encoding came from an earlier prompt (the same pixels, settings and mode).
+    pub reused: usize,
 }
 
 /// The image processor's settings in `dir` (`processor_config.json`, then
@@ -531,6 +579,7 @@ impl Vision {
             image_token_id,
             text_hidden_size,
             tower,
+            encoded: Default::default(),
         }))
     }
 
@@ -573,6 +622,7 @@ impl Vision {
             image_token_id,
             text_hidden_size: text_cfg.hidden_size,
             tower: Tower::Lfm2(Lfm2Tower::load(&ws, cfg, processor)?),
+            encoded: Default::default(),
         })
     }
 
@@ -696,27 +746,32 @@ impl Vision {
         let mut info = Vec::new();
         let mut pieces = text.split(marker);
         expanded.push_str(pieces.next().unwrap_or_default());
+        let mut reused = 0;
         for (img, rest) in images.iter().zip(pieces) {
-            let (placeholder, tiles, e) = match &self.tower {
-                Tower::Lfm2(t) => {
-                    let p = image::preprocess(img, &t.processor)?;
-                    (
-                        p.placeholder(&t.processor),
-                        p.tiles.len(),
-                        t.embed_image(&p, compute)?,
-                    )
+            let key = self.key(img, compute);
+            let cached = self
+                .encoded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key);
+            let e = match cached {
+                Some(e) => {
+                    reused += 1;
+                    e
                 }
-                Tower::Lfm3(t) => {
-                    let p = t.processor.preprocess(img)?;
-                    let pass = Self::pass(compute);
-                    let e = t.project(&t.encode(&p, &pass)?, &pass);
-                    (IMAGE_PAD.repeat(p.n_tokens()), 1, e)
+                None => {
+                    let e = self.encode(img, compute)?;
+                    self.encoded
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key, e.clone());
+                    e
                 }
             };
-            expanded.push_str(&placeholder);
+            expanded.push_str(&e.placeholder);
             expanded.push_str(rest);
-            info.push((tiles, e.len() / self.text_hidden_size));
-            data.extend(e);
+            info.push((e.tiles, e.embeds.len() / self.text_hidden_size));
+            data.extend_from_slice(&e.embeds);
         }
         let ids = tokenizer.encode(&expanded, add_special_tokens)?;
         let embeds = crate::engine::PromptEmbeds::at_token(
@@ -730,7 +785,50 @@ impl Vision {
             embeds,
             images: info,
             encode_time: t0.elapsed(),
+            reused,
         })
+    }
+
+    /// One image processed and encoded: its placeholder text, tiles and embeddings.
+    fn encode(&self, img: &image::Rgb8, compute: &Compute) -> Result<Encoded> {
+        let (placeholder, tiles, embeds) = match &self.tower {
+            Tower::Lfm2(t) => {
+                let p = image::preprocess(img, &t.processor)?;
+                (
+                    p.placeholder(&t.processor),
+                    p.tiles.len(),
+                    t.embed_image(&p, compute)?,
+                )
+            }
+            Tower::Lfm3(t) => {
+                let p = t.processor.preprocess(img)?;
+                let pass = Self::pass(compute);
+                let e = t.project(&t.encode(&p, &pass)?, &pass);
+                (IMAGE_PAD.repeat(p.n_tokens()), 1, e)
+            }
+        };
+        Ok(Encoded {
+            placeholder,
+            tiles,
+            embeds: std::sync::Arc::new(embeds),
+        })
+    }
+
+    /// What an image's encoding depends on: its pixels, the processor's settings and the
+    /// numeric mode (a SHA-256 over them).
+    fn key(&self, img: &image::Rgb8, compute: &Compute) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update((img.width as u64).to_le_bytes());
+        h.update((img.height as u64).to_le_bytes());
+        h.update(&img.data);
+        let settings = match &self.tower {
+            Tower::Lfm2(t) => format!("{:?}", t.processor),
+            Tower::Lfm3(t) => format!("{:?}", t.processor),
+        };
+        h.update(settings.as_bytes());
+        h.update([Self::pass(compute).mode as u8]);
+        h.finalize().into()
     }
 
     /// The pass an image is encoded in: exact mode's f32 products (transformers' numbers), else

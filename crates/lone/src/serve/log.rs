@@ -70,7 +70,8 @@ pub struct RequestLog {
     error: Option<String>,
     logged: bool,
     /// Images in the prompt and the time their processing and encoding took.
-    images: Option<(usize, std::time::Duration)>,
+    /// Images, how many of them reused an earlier encoding, and the encoding time.
+    images: Option<(usize, usize, std::time::Duration)>,
 }
 
 impl RequestLog {
@@ -161,16 +162,20 @@ impl RequestLog {
             "error": self.error,
             "prompt": self.prompt,
         });
-        if let Some((n, t)) = self.images {
+        if let Some((n, reused, t)) = self.images {
             line["images"] = json!(n);
+            if reused > 0 {
+                line["images_reused"] = json!(reused);
+            }
             line["encode_ms"] = json!((t.as_secs_f64() * 1e4).round() / 10.0);
         }
         self.cfg.line("request", line);
     }
 
-    /// The request's prompt held `n` images, processed and encoded in `t`.
-    pub fn set_images(&mut self, n: usize, t: std::time::Duration) {
-        self.images = Some((n, t));
+    /// The request's prompt held `n` images (`reused` of them encoded before), processed and
+    /// encoded in `t`.
+    pub fn set_images(&mut self, n: usize, reused: usize, t: std::time::Duration) {
+        self.images = Some((n, reused, t));
     }
 }
 

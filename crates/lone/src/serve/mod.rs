@@ -973,7 +973,7 @@ fn start(
             } else {
                 let p = images::prompt(ready, &prompt_text, images)?;
                 embeds = Some(Arc::new(p.embeds));
-                image_info = Some((p.images.len(), p.encode_time));
+                image_info = Some((p.images.len(), p.reused, p.encode_time));
                 p.ids
             };
             if log_cfg.prompts {
@@ -1176,8 +1176,8 @@ fn start(
         prompt_log,
         t0,
     );
-    if let Some((n, t)) = image_info {
-        log.set_images(n, t);
+    if let Some((n, reused, t)) = image_info {
+        log.set_images(n, reused, t);
     }
     Ok(Started {
         meta,
