@@ -291,6 +291,9 @@ pub struct SeqCache {
     pub layers: Vec<LayerCache>,
     /// The tokens whose state the cache holds, in position order.
     tokens: Vec<u32>,
+    /// The positions whose input was an embedding (an image's rows), ascending, with the
+    /// embedding's digest ([`embedding_digest`]): a token alone does not say what was there.
+    embedded: Vec<(usize, u64)>,
     rollback: usize,
     /// The draft model's cache for the same sequence (speculative decoding), created by the
     /// draft proposer; it holds a prefix of this sequence's tokens and is rolled back with it.
@@ -345,6 +348,7 @@ impl SeqCache {
         SeqCache {
             layers,
             tokens: Vec::new(),
+            embedded: Vec::new(),
             rollback,
             draft: None,
         }
@@ -398,6 +402,50 @@ impl SeqCache {
         self.tokens.extend_from_slice(tokens);
     }
 
+    /// Called by the model after a forward pass appended a row whose input was an embedding
+    /// with this digest (in place of its token) at the next position.
+    pub fn advance_embedded(&mut self, token: u32, digest: u64) {
+        self.embedded.push((self.tokens.len(), digest));
+        self.tokens.push(token);
+    }
+
+    /// The embedded positions and their digests.
+    pub fn embedded(&self) -> &[(usize, u64)] {
+        &self.embedded
+    }
+
+    /// The first position where the cache's embedded rows and `embeds` (a prompt's, the same
+    /// shape) disagree — one has an embedding there and the other none or another — or
+    /// `usize::MAX`.
+    fn embeds_agree_until(&self, embeds: &[(usize, u64)]) -> usize {
+        let (mut a, mut b) = (self.embedded.iter().peekable(), embeds.iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (None, None) => return usize::MAX,
+                (Some(&&(p, _)), None) | (None, Some(&&(p, _))) => return p,
+                (Some(&&(p, x)), Some(&&(q, y))) => {
+                    if p != q || x != y {
+                        return p.min(q);
+                    }
+                    a.next();
+                    b.next();
+                }
+            }
+        }
+    }
+
+    /// [`reuse`](Self::reuse) for a prompt whose rows at `embeds`' positions are embeddings
+    /// with those digests: an embedded row is reused only where the cache holds the same
+    /// embedding at the same position.
+    pub fn reuse_embedded(&mut self, tokens: &[u32], embeds: &[(usize, u64)], max: usize) -> usize {
+        self.reuse(tokens, max.min(self.embeds_agree_until(embeds)))
+    }
+
+    /// What [`reuse_embedded`](Self::reuse_embedded) would keep, without changing anything.
+    pub fn reusable_embedded(&self, tokens: &[u32], embeds: &[(usize, u64)], max: usize) -> usize {
+        self.reusable(tokens, max.min(self.embeds_agree_until(embeds)))
+    }
+
     /// How many positions ring and conv layers can be rolled back.
     pub fn rollback(&self) -> usize {
         self.rollback
@@ -430,6 +478,7 @@ impl SeqCache {
             d.clear();
         }
         self.tokens.clear();
+        self.embedded.clear();
         for l in &mut self.layers {
             if let LayerCache::Attention { k, v } = l {
                 k.truncate(0);
@@ -465,6 +514,19 @@ impl SeqCache {
             }
         }
         self.tokens.truncate(len);
+        self.embedded.retain(|&(p, _)| p < len);
         true
     }
+}
+
+/// A 64-bit digest of an embedding's values (their bits), naming an embedded row's input in
+/// [`SeqCache`] and in a prompt's [`crate::engine::PromptEmbeds`].
+pub fn embedding_digest(e: &[f32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    e.len().hash(&mut h);
+    for v in e {
+        v.to_bits().hash(&mut h);
+    }
+    h.finish()
 }

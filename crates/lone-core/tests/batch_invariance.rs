@@ -107,6 +107,16 @@ fn request(prompt: &[u32], max_tokens: usize) -> GenRequest {
 
 /// Steps the scheduler until every admitted sequence is done. `admit_at[k] = (step, slot,
 /// request)`: admitted before that step. Returns each request's run, by admission order.
+/// Admit `req` into the scheduler's only slot and cancel it at once: the prompt rows its
+/// cache gave (the cache keeps them).
+fn cached_on_admit(sched: &mut Scheduler, req: GenRequest) -> usize {
+    let sampler = Sampler::new(req.params.clone());
+    let slot = sched.admit(req, sampler, None).unwrap();
+    let cached = sched.cached(slot);
+    sched.cancel(slot);
+    cached
+}
+
 fn drive(m: &Model, sched: &mut Scheduler, admit_at: Vec<(usize, GenRequest)>) -> Vec<Run> {
     let mut pending = admit_at;
     pending.reverse();
@@ -369,9 +379,10 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
         let mut m = Model::load(&dir).unwrap();
         m.compute.mode = Some(mode);
         let image_token = m.vision.as_ref().unwrap().image_token_id;
-        let image_req = |case: &str| {
+        // The prompt of case `ids_case` with the image embeddings of case `case`.
+        let swapped_req = |ids_case: &str, case: &str| {
+            let ids = read_ids(dir.join("cases").join(ids_case).join("input_ids.json"));
             let c = dir.join("cases").join(case);
-            let ids = read_ids(c.join("input_ids.json"));
             let f = lone_core::npy::read(&c.join("features.npy")).unwrap();
             let e = PromptEmbeds::at_token(&ids, image_token, f.data, m.cfg.hidden_size).unwrap();
             GenRequest {
@@ -379,6 +390,7 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
                 ..request(&ids, 8)
             }
         };
+        let image_req = |case: &str| swapped_req(case, case);
         let alone_req = |req: GenRequest| {
             let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
             drive(&m, &mut s, vec![(0, req)]).pop().unwrap()
@@ -405,9 +417,18 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
                 ));
             }
         }
-        // The same image request again in one slot: its text prefix comes from the cache.
+        // The same image request again in one slot: its prompt (images included) comes from the
+        // cache.
         let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
         drive(&m, &mut s, vec![(0, image_req(big))]);
+        let cached = cached_on_admit(&mut s, image_req(big));
+        let want = image_req(big).prompt.len() - 1;
+        if cached != want {
+            failures.push(format!(
+                "{family} {}: the same image request reused {cached} of its {want} rows",
+                mode.name()
+            ));
+        }
         let again = drive(&m, &mut s, vec![(0, image_req(big))]);
         if again[0] != r1 {
             failures.push(format!(
@@ -415,6 +436,31 @@ fn requests_with_images_give_their_alone_logits_in_any_company() {
                 mode.name(),
                 first_difference(&again[0], &r1)
             ));
+        }
+        // The same tokens with another image (LFM3-VL's `one` and `exact` images both give 6
+        // tokens): the cache holds the first image's rows, which must not be reused.
+        if family == "lfm3_vl" {
+            let want = alone_req(swapped_req("one", "exact"));
+            let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
+            drive(&m, &mut s, vec![(0, image_req("one"))]);
+            let got = drive(&m, &mut s, vec![(0, swapped_req("one", "exact"))]);
+            if got[0] != want {
+                failures.push(format!(
+                    "{family} {}: another image after the same tokens: {}",
+                    mode.name(),
+                    first_difference(&got[0], &want)
+                ));
+            }
+            let mut s = Scheduler::new(vec![m.new_cache()], 1 << 20, Vec::new(), None);
+            drive(&m, &mut s, vec![(0, image_req("one"))]);
+            let req = swapped_req("one", "exact");
+            let first_image = req.embeds.as_ref().unwrap().positions[0];
+            let cached = cached_on_admit(&mut s, req);
+            if cached > first_image {
+                failures.push(format!(
+                    "{family}: {cached} rows reused past the first image row {first_image}"
+                ));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

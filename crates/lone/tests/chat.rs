@@ -408,15 +408,22 @@ fn image_command_attaches_an_image_to_the_next_message() {
         stdout.starts_with(&want),
         "{stdout:?} does not start with {want:?}"
     );
-    let prefills: Vec<usize> = stderr
+    // `[prefill N tok, ... | ctx C/...`: N prompt tokens run, C held after the turn.
+    let turns: Vec<(usize, usize)> = stderr
         .lines()
         .filter_map(|l| l.strip_prefix("[prefill "))
-        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .map(|l| {
+            let n = l.split(' ').next().unwrap().parse().unwrap();
+            let c = l.split("ctx ").nth(1).unwrap().split('/').next().unwrap();
+            (n, c.parse().unwrap())
+        })
         .collect();
-    // The first turn's 29 prompt tokens (case `one`); the second prefills from the image on.
-    assert_eq!(prefills.len(), 2, "{stderr}");
-    assert_eq!(prefills[0], 29);
-    assert!(prefills[1] > 29 - 5, "{stderr}");
+    // The first turn's 29 prompt tokens (case `one`); the second reuses them from the cache,
+    // the image's rows included (the same embeddings), and prefills only what follows.
+    assert_eq!(turns.len(), 2, "{stderr}");
+    assert_eq!(turns[0].0, 29);
+    let reused = turns[1].1 - 12 - turns[1].0;
+    assert!(reused >= 29, "{stderr}");
 
     let (code, _, stderr) = run_piped(
         &fixture("lfm2_a"),

@@ -119,6 +119,17 @@ impl PromptEmbeds {
         }
         Ok(PromptEmbeds { positions, data })
     }
+
+    /// Each embedded position with its embedding's digest
+    /// ([`crate::cache::embedding_digest`]), as a cache records them.
+    pub fn digests(&self) -> Vec<(usize, u64)> {
+        let h = self.data.len() / self.positions.len().max(1);
+        self.positions
+            .iter()
+            .zip(self.data.chunks_exact(h.max(1)))
+            .map(|(&p, e)| (p, crate::cache::embedding_digest(e)))
+            .collect()
+    }
 }
 
 /// A generated token (and its logprobs when asked for).
@@ -438,26 +449,29 @@ impl<'t> Scheduler<'t> {
                 self.ctx
             )));
         }
-        // The most prompt tokens a cache may give (the last one is always run, for its logits;
-        // nothing from the first embedded row on: a cache knows tokens, not images).
-        let max = match (&req.embeds, req.fresh_prompt) {
-            (_, true) => 0,
-            (Some(e), _) => e
-                .positions
-                .first()
-                .map_or(prompt.len() - 1, |&p| p.min(prompt.len() - 1)),
-            _ => prompt.len() - 1,
+        // The most prompt tokens a cache may give (the last one is always run, for its logits);
+        // an image's rows only where the cache holds the same embeddings there.
+        let max = if req.fresh_prompt {
+            0
+        } else {
+            prompt.len() - 1
         };
+        let digests = req.embeds.as_ref().map(|e| e.digests()).unwrap_or_default();
         let Some(slot) = (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none())
-            .max_by_key(|&i| (self.caches[i].reusable(prompt, max), std::cmp::Reverse(i)))
+            .max_by_key(|&i| {
+                (
+                    self.caches[i].reusable_embedded(prompt, &digests, max),
+                    std::cmp::Reverse(i),
+                )
+            })
         else {
             return Err(AdmitError::NoFreeSlot);
         };
         if let Some(pc) = &mut self.prompt_cache {
             let c = &mut self.caches[slot];
-            let own = c.reusable(prompt, max);
-            if let Some((snap, _)) = pc.lookup(prompt, max, own) {
+            let own = c.reusable_embedded(prompt, &digests, max);
+            if let Some((snap, _)) = pc.lookup(prompt, &digests, max, own) {
                 // The slot's content is kept as a snapshot; the better one comes in.
                 let old = std::mem::replace(c, snap);
                 pc.insert(&old);
@@ -466,7 +480,7 @@ impl<'t> Scheduler<'t> {
                 pc.insert(c);
             }
         }
-        let cached = self.caches[slot].reuse(prompt, max);
+        let cached = self.caches[slot].reuse_embedded(prompt, &digests, max);
         let req_constraint = req.constraint.as_ref().map(Constraint::start);
         self.admitted += 1;
         self.finished[slot] = None;

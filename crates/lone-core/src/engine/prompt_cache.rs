@@ -86,14 +86,21 @@ impl PromptCache {
         }
     }
 
-    /// The snapshot that covers the longest prefix of `prompt` (at most `max` tokens), if it
-    /// covers more than `than`: a copy of it, and how many tokens it covers.
-    pub fn lookup(&mut self, prompt: &[u32], max: usize, than: usize) -> Option<(SeqCache, usize)> {
+    /// The snapshot that covers the longest prefix of `prompt` (at most `max` tokens; its
+    /// embedded rows `embeds` only where the snapshot holds the same), if it covers more than
+    /// `than`: a copy of it, and how many tokens it covers.
+    pub fn lookup(
+        &mut self,
+        prompt: &[u32],
+        embeds: &[(usize, u64)],
+        max: usize,
+        than: usize,
+    ) -> Option<(SeqCache, usize)> {
         let (i, n) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, e.cache.reusable(prompt, max)))
+            .map(|(i, e)| (i, e.cache.reusable_embedded(prompt, embeds, max)))
             .max_by_key(|&(i, n)| (n, self.entries[i].used))?;
         if n <= than {
             return None;

@@ -383,8 +383,14 @@ impl Model {
                 out.hidden.push(x.clone());
             }
         }
-        for (r, &t) in batch.rows.iter().zip(&batch.tokens) {
-            caches[r.seq].advance(&[t]);
+        let mut embeds = batch.embeds.iter().peekable();
+        for (i, (r, &t)) in batch.rows.iter().zip(&batch.tokens).enumerate() {
+            match embeds.next_if(|(row, _)| *row == i) {
+                Some((_, e)) => {
+                    caches[r.seq].advance_embedded(t, crate::cache::embedding_digest(e))
+                }
+                None => caches[r.seq].advance(&[t]),
+            }
         }
         let sel: Vec<usize> = (0..batch.len()).filter(|&i| batch.logits[i]).collect();
         if sel.is_empty() {

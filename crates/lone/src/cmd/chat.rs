@@ -267,7 +267,7 @@ impl Session {
         let msgs = self.conv.messages_with(user);
         let rendered = self.text.render_chat(&msgs, true)?;
         // With images in the conversation, the whole prompt is expanded and its images encoded
-        // (a cache is reused up to the first image).
+        // (the images' rows are reused from the cache where their embeddings are the same).
         let (prompt, embeds) = match &self.model.vision {
             Some(v) if !self.conv.images.is_empty() || !self.conv.pending.is_empty() => {
                 let all: Vec<_> = self
