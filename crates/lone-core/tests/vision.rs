@@ -469,3 +469,49 @@ fn a_repeated_image_reuses_its_encoding() {
         "other settings"
     );
 }
+
+/// Encoding a piece at a time (what the server does between steps): one LFM2-VL tile (`tiled`:
+/// two tiles and a thumbnail) or one LFM3-VL image a step, then the same prompt as in one go;
+/// an image remembered takes one step.
+#[test]
+fn encoding_in_pieces_gives_the_same_prompt() {
+    for (dir, case, pieces) in [(fixture(), "tiled", 3), (lfm3_fixture(), "two", 2)] {
+        let model = load_from(&dir);
+        let text = lone_core::text::TextIo::load(&model, &dir).unwrap();
+        let meta: serde_json::Value = json(&dir.join("meta.json"));
+        let imgs: Vec<_> = meta["cases"][case]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let p = dir.join(format!("images/{}.png", n.as_str().unwrap()));
+                image::decode(&std::fs::read(p).unwrap(), 1 << 24).unwrap()
+            })
+            .collect();
+        let v = model.vision.as_ref().unwrap();
+        let prompt =
+            std::fs::read_to_string(dir.join("cases").join(case).join("prompt.txt")).unwrap();
+        let mut e = v.begin(&prompt, false, imgs.clone()).unwrap();
+        let mut steps = 1;
+        while !e.step(v, &model.compute).unwrap() {
+            steps += 1;
+        }
+        assert_eq!(steps, pieces, "{case}: pieces");
+        let p = e.finish(v, &text.tokenizer).unwrap();
+        let ids: Vec<u32> = json(&dir.join("cases").join(case).join("input_ids.json"));
+        assert_eq!(p.ids, ids, "{case}");
+        let want = npy::read(&dir.join("cases").join(case).join("features.npy")).unwrap();
+        assert!(max_diff(&p.embeds.data, &want.data) <= 1e-4, "{case}");
+        // Remembered now: one step per image.
+        let mut e = v.begin(&prompt, false, imgs.clone()).unwrap();
+        let mut steps = 1;
+        while !e.step(v, &model.compute).unwrap() {
+            steps += 1;
+        }
+        assert_eq!(steps, imgs.len(), "{case}: remembered");
+        assert_eq!(e.finish(v, &text.tokenizer).unwrap().reused, imgs.len());
+        // Not finished: an error.
+        let e = v.begin(&prompt, false, imgs).unwrap();
+        assert!(e.finish(v, &text.tokenizer).is_err());
+    }
+}

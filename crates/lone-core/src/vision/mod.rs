@@ -732,7 +732,19 @@ impl Vision {
         images: &[image::Rgb8],
         compute: &Compute,
     ) -> Result<ImagePrompt> {
-        let t0 = std::time::Instant::now();
+        let mut e = self.begin(text, add_special_tokens, images.to_vec())?;
+        while !e.step(self, compute)? {}
+        e.finish(self, tokenizer)
+    }
+
+    /// [`Vision::prompt`] a piece at a time ([`Encoding::step`]), so that a server can run
+    /// other sequences' steps between the pieces.
+    pub fn begin(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        images: Vec<image::Rgb8>,
+    ) -> Result<Encoding> {
         let marker = self.marker();
         let markers = text.matches(marker).count();
         if markers != images.len() {
@@ -741,51 +753,14 @@ impl Vision {
                 images.len()
             )));
         }
-        let mut expanded = String::with_capacity(text.len());
-        let mut data = Vec::new();
-        let mut info = Vec::new();
-        let mut pieces = text.split(marker);
-        expanded.push_str(pieces.next().unwrap_or_default());
-        let mut reused = 0;
-        for (img, rest) in images.iter().zip(pieces) {
-            let key = self.key(img, compute);
-            let cached = self
-                .encoded
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&key);
-            let e = match cached {
-                Some(e) => {
-                    reused += 1;
-                    e
-                }
-                None => {
-                    let e = self.encode(img, compute)?;
-                    self.encoded
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key, e.clone());
-                    e
-                }
-            };
-            expanded.push_str(&e.placeholder);
-            expanded.push_str(rest);
-            info.push((e.tiles, e.embeds.len() / self.text_hidden_size));
-            data.extend_from_slice(&e.embeds);
-        }
-        let ids = tokenizer.encode(&expanded, add_special_tokens)?;
-        let embeds = crate::engine::PromptEmbeds::at_token(
-            &ids,
-            self.image_token_id,
-            data,
-            self.text_hidden_size,
-        )?;
-        Ok(ImagePrompt {
-            ids,
-            embeds,
-            images: info,
-            encode_time: t0.elapsed(),
-            reused,
+        Ok(Encoding {
+            text: text.to_string(),
+            add_special_tokens,
+            images,
+            done: Vec::new(),
+            partial: None,
+            reused: 0,
+            time: std::time::Duration::ZERO,
         })
     }
 
@@ -851,6 +826,138 @@ impl Vision {
     }
 }
 
+/// A prompt's images being encoded a piece at a time ([`Vision::begin`]).
+pub struct Encoding {
+    text: String,
+    add_special_tokens: bool,
+    images: Vec<image::Rgb8>,
+    /// The encoded images, in order.
+    done: Vec<Encoded>,
+    /// The LFM2-VL image being encoded tile by tile: its key, processing and tiles so far.
+    partial: Option<([u8; 32], image::Processed, Vec<f32>)>,
+    reused: usize,
+    time: std::time::Duration,
+}
+
+impl Encoding {
+    /// Encode the next piece — an LFM2-VL tile, an LFM3-VL image, or an image whose encoding
+    /// is remembered — of the images `begin` was given, with `vision`, the model that began
+    /// it. True when every image is encoded.
+    pub fn step(&mut self, vision: &Vision, compute: &Compute) -> Result<bool> {
+        let t0 = std::time::Instant::now();
+        let r = self.piece(vision, compute);
+        self.time += t0.elapsed();
+        r.map(|()| self.done.len() == self.images.len())
+    }
+
+    fn piece(&mut self, vision: &Vision, compute: &Compute) -> Result<()> {
+        let Some(img) = self.images.get(self.done.len()) else {
+            return Ok(());
+        };
+        let remember = |key: [u8; 32], e: &Encoded| {
+            vision
+                .encoded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, e.clone());
+        };
+        if let Some((key, p, mut embeds)) = self.partial.take() {
+            let t = vision.lfm2().expect("a partial image is LFM2-VL's");
+            let tile = &p.tiles[t.tiles_done(&p, embeds.len())];
+            embeds.extend(t.embed_tile(&tile.pixels, tile.h_patches, tile.w_patches, compute)?);
+            return self.lfm2_progress(key, p, embeds, t, &remember);
+        }
+        let key = vision.key(img, compute);
+        let cached = vision
+            .encoded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key);
+        if let Some(e) = cached {
+            self.reused += 1;
+            self.done.push(e);
+            return Ok(());
+        }
+        match &vision.tower {
+            Tower::Lfm2(t) => {
+                let p = image::preprocess(img, &t.processor)?;
+                let first = &p.tiles[0];
+                let embeds =
+                    t.embed_tile(&first.pixels, first.h_patches, first.w_patches, compute)?;
+                self.lfm2_progress(key, p, embeds, t, &remember)
+            }
+            Tower::Lfm3(_) => {
+                let e = vision.encode(img, compute)?;
+                remember(key, &e);
+                self.done.push(e);
+                Ok(())
+            }
+        }
+    }
+
+    /// After an LFM2-VL tile: the image is done when every tile is, else it waits.
+    fn lfm2_progress(
+        &mut self,
+        key: [u8; 32],
+        p: image::Processed,
+        embeds: Vec<f32>,
+        t: &Lfm2Tower,
+        remember: &dyn Fn([u8; 32], &Encoded),
+    ) -> Result<()> {
+        let tiles_done = t.tiles_done(&p, embeds.len());
+        if tiles_done < p.tiles.len() {
+            self.partial = Some((key, p, embeds));
+            return Ok(());
+        }
+        let e = Encoded {
+            placeholder: p.placeholder(&t.processor),
+            tiles: p.tiles.len(),
+            embeds: std::sync::Arc::new(embeds),
+        };
+        remember(key, &e);
+        self.done.push(e);
+        Ok(())
+    }
+
+    /// The prompt: its text's markers expanded, tokenized, with the images' embeddings.
+    pub fn finish(
+        self,
+        vision: &Vision,
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Result<ImagePrompt> {
+        if self.done.len() != self.images.len() {
+            return Err(Error::Input(
+                "the prompt's images are not all encoded yet".into(),
+            ));
+        }
+        let mut expanded = String::with_capacity(self.text.len());
+        let mut data = Vec::new();
+        let mut info = Vec::new();
+        let mut pieces = self.text.split(vision.marker());
+        expanded.push_str(pieces.next().unwrap_or_default());
+        for (e, rest) in self.done.iter().zip(pieces) {
+            expanded.push_str(&e.placeholder);
+            expanded.push_str(rest);
+            info.push((e.tiles, e.embeds.len() / vision.text_hidden_size));
+            data.extend_from_slice(&e.embeds);
+        }
+        let ids = tokenizer.encode(&expanded, self.add_special_tokens)?;
+        let embeds = crate::engine::PromptEmbeds::at_token(
+            &ids,
+            vision.image_token_id,
+            data,
+            vision.text_hidden_size,
+        )?;
+        Ok(ImagePrompt {
+            ids,
+            embeds,
+            images: info,
+            encode_time: self.time,
+            reused: self.reused,
+        })
+    }
+}
+
 impl Lfm2Tower {
     pub fn load(
         ws: &Weights,
@@ -895,6 +1002,25 @@ impl Lfm2Tower {
         let hidden = self.encoder.forward(pixels, h, w, &pass)?;
         let _scope = pass.enter();
         Ok(self.projector.forward(&hidden, h, w))
+    }
+
+    /// Embedding rows of tile `i` of `p`: `(h/f)·(w/f)`.
+    fn tile_rows(&self, p: &image::Processed, i: usize) -> usize {
+        let f = self.cfg.downsample_factor;
+        let t = &p.tiles[i];
+        (t.h_patches / f) * (t.w_patches / f)
+    }
+
+    /// How many of `p`'s tiles `len` embedding values cover (tiles in order).
+    fn tiles_done(&self, p: &image::Processed, len: usize) -> usize {
+        let width = self.cfg.text_hidden_size;
+        let mut rows = len / width;
+        let mut n = 0;
+        while n < p.tiles.len() && rows >= self.tile_rows(p, n) {
+            rows -= self.tile_rows(p, n);
+            n += 1;
+        }
+        n
     }
 
     /// The embeddings of a preprocessed image: every tile's, in the processor's order (the

@@ -133,12 +133,13 @@ pub(super) async fn embed(ready: &Ready, v: &Value) -> Result<Value, ApiError> {
     let job_inputs = inputs;
     ready
         .engine
-        .run_job(Box::new(move |model| {
+        .run_job(super::engine::Job::new(move |model| {
             let r: Result<Vec<Vec<f32>>, String> = job_inputs
                 .iter()
                 .map(|t| model.embed_mean(t).map_err(|e| e.to_string()))
                 .collect();
             let _ = tx.send(r);
+            None
         }))
         .map_err(|_| {
             ApiError::new(

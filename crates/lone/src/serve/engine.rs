@@ -43,9 +43,16 @@ struct Pending {
     tx: UnboundedSender<Event>,
 }
 
-/// Work that needs the model but is not a generated sequence (embeddings), run on the engine
-/// thread between steps.
-pub type Job = Box<dyn FnOnce(&Model) + Send>;
+/// Work that needs the model but is not a generated sequence (embeddings, image encoding), run
+/// on the engine thread between steps. A job that returns another runs it after the next step
+/// (long work in pieces: running sequences wait at most a piece).
+pub struct Job(pub(super) Box<dyn FnOnce(&Model) -> Option<Job> + Send>);
+
+impl Job {
+    pub fn new(f: impl FnOnce(&Model) -> Option<Job> + Send + 'static) -> Job {
+        Job(Box::new(f))
+    }
+}
 
 struct State {
     queue: VecDeque<Pending>,
@@ -248,10 +255,19 @@ impl<'t> Worker<'t> {
                 self.fail_all("the server is shutting down");
                 return;
             }
+            let mut later = Vec::new();
             for job in jobs {
                 // A job that panics answers nobody (its sender is dropped); the engine goes on.
                 let model = self.model;
-                let _ = catch_unwind(AssertUnwindSafe(|| job(model)));
+                if let Ok(Some(next)) = catch_unwind(AssertUnwindSafe(|| (job.0)(model))) {
+                    later.push(next);
+                }
+            }
+            if !later.is_empty() {
+                match shared.state.lock() {
+                    Ok(mut st) => st.jobs.extend(later),
+                    Err(_) => return,
+                }
             }
             self.drop_cancelled();
             if self.sched.active() == 0 {

@@ -10,6 +10,37 @@ use lone_core::vision::{image, ImagePrompt, MAX_IMAGE_PIXELS};
 use super::openai::ApiError;
 use super::{bad_request, Ready};
 
+type Reply = tokio::sync::oneshot::Sender<Result<ImagePrompt, String>>;
+
+/// The job that encodes `e`'s next piece and, until every image is encoded, returns the job
+/// for the piece after; then it answers `tx`. A request that went away stops it.
+fn encode_piece(
+    mut e: lone_core::vision::Encoding,
+    tio: Arc<lone_core::text::TextIo>,
+    tx: Reply,
+) -> super::engine::Job {
+    super::engine::Job::new(move |model| {
+        let Some(v) = &model.vision else {
+            let _ = tx.send(Err("the model has no vision tower".to_string()));
+            return None;
+        };
+        if tx.is_closed() {
+            return None;
+        }
+        match e.step(v, &model.compute) {
+            Ok(false) => Some(encode_piece(e, tio, tx)),
+            Ok(true) => {
+                let _ = tx.send(e.finish(v, &tio.tokenizer).map_err(|e| e.to_string()));
+                None
+            }
+            Err(err) => {
+                let _ = tx.send(Err(err.to_string()));
+                None
+            }
+        }
+    })
+}
+
 /// Most images one request may carry.
 pub const MAX_IMAGES: usize = 16;
 
@@ -123,7 +154,8 @@ fn fetch(url: &str) -> Result<Vec<u8>, String> {
 }
 
 /// The prompt's tokens with each image's placeholder expanded, and its image rows'
-/// embeddings, computed on the engine thread (between two steps of the running sequences).
+/// embeddings, computed on the engine thread a piece (an LFM2-VL tile, an LFM3-VL image) at a
+/// time, between the steps of the running sequences.
 pub fn prompt(
     ready: &Ready,
     text: &str,
@@ -134,14 +166,18 @@ pub fn prompt(
     let text = text.to_string();
     ready
         .engine
-        .run_job(Box::new(move |model| {
-            let r = match &model.vision {
-                Some(v) => v
-                    .prompt(&tio.tokenizer, &text, false, &images, &model.compute)
-                    .map_err(|e| e.to_string()),
-                None => Err("the model has no vision tower".to_string()),
+        .run_job(super::engine::Job::new(move |model| {
+            let Some(v) = &model.vision else {
+                let _ = tx.send(Err("the model has no vision tower".to_string()));
+                return None;
             };
-            let _ = tx.send(r);
+            match v.begin(&text, false, images) {
+                Ok(e) => (encode_piece(e, tio, tx).0)(model),
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    None
+                }
+            }
         }))
         .map_err(|_| {
             ApiError::new(

@@ -218,8 +218,9 @@ impl Local {
         let (tx, rx) = std::sync::mpsc::channel();
         self.ready
             .engine
-            .run_job(Box::new(move |m| {
+            .run_job(super::engine::Job::new(move |m| {
                 let _ = tx.send(f(m));
+                None
             }))
             .map_err(|_| internal("the model is shutting down"))?;
         rx.recv().map_err(|_| internal("the model's job failed"))
