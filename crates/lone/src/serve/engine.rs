@@ -46,7 +46,9 @@ struct Pending {
 /// Work that needs the model but is not a generated sequence (embeddings, image encoding), run
 /// on the engine thread between steps. A job that returns another runs it after the next step
 /// (long work in pieces: running sequences wait at most a piece).
-pub struct Job(pub(super) Box<dyn FnOnce(&Model) -> Option<Job> + Send>);
+pub struct Job(pub(super) Box<JobFn>);
+
+type JobFn = dyn FnOnce(&Model) -> Option<Job> + Send;
 
 impl Job {
     pub fn new(f: impl FnOnce(&Model) -> Option<Job> + Send + 'static) -> Job {
