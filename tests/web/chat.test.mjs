@@ -1,7 +1,7 @@
 // The web chat page at `/`, in a real browser: Debian's Chromium, headless, driven by
 // Playwright. Run by tests/serve/test_web.py against a `lone serve` with two models
 // (LONE_URL, LONE_CHAT_MODEL: the one to talk to). Exits non-zero on the first failed check.
-import { chromium } from "playwright-core";
+import { launch, openPage, step } from "./browser.mjs";
 import assert from "node:assert/strict";
 
 const base = process.env.LONE_URL;
@@ -9,20 +9,9 @@ const model = process.env.LONE_CHAT_MODEL;
 const shot = process.env.LONE_SCREENSHOT;
 assert.ok(base && model, "set LONE_URL and LONE_CHAT_MODEL");
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-const step = (s) => console.log("- " + s);
+const browser = await launch();
 try {
-  const page = await browser.newPage();
-  const errors = [];
-  page.on("pageerror", (e) => errors.push(String(e)));
-  const bodies = [];
-  page.on("request", (r) => {
-    if (r.url().endsWith("/v1/chat/completions")) bodies.push(JSON.parse(r.postData()));
-  });
+  const { page, errors, bodies } = await openPage(browser);
   // Nothing but the server itself: the page works offline.
   const hosts = new Set();
   page.on("request", (r) => hosts.add(new URL(r.url()).host));

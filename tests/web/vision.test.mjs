@@ -3,7 +3,7 @@
 // text-only one (LONE_URL; LONE_VL_MODEL, LONE_TEXT_MODEL: their ids; LONE_IMAGE: a PNG;
 // LONE_PROMPT_TOKENS: the prompt's length with that image, from transformers). Exits
 // non-zero on the first failed check.
-import { chromium } from "playwright-core";
+import { launch, openPage, step } from "./browser.mjs";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 
@@ -14,20 +14,9 @@ const imagePath = process.env.LONE_IMAGE;
 const promptTokens = process.env.LONE_PROMPT_TOKENS;
 assert.ok(base && vl && textModel && imagePath && promptTokens, "set LONE_URL, LONE_VL_MODEL, LONE_TEXT_MODEL, LONE_IMAGE, LONE_PROMPT_TOKENS");
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-const step = (s) => console.log("- " + s);
+const browser = await launch();
 try {
-  const page = await browser.newPage();
-  const errors = [];
-  page.on("pageerror", (e) => errors.push(String(e)));
-  const bodies = [];
-  page.on("request", (r) => {
-    if (r.url().endsWith("/v1/chat/completions")) bodies.push(JSON.parse(r.postData()));
-  });
+  const { page, errors, bodies } = await openPage(browser);
   await page.goto(base);
   await page.waitForSelector('body[data-models="2"]');
 

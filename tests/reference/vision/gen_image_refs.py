@@ -400,36 +400,27 @@ def main():
         h, w = (int(v) for v in rng.integers(1, 1200, 2))
         oh, ow = (int(v) for v in rng.integers(1, 600, 2))
         cases.append((h, w, oh, ow))
-    for i, (h, w, oh, ow) in enumerate(cases):
-        src = noise(h, w, i)
-        t = torch.from_numpy(src).permute(2, 0, 1).contiguous()
-        try:
-            r = tvF.resize(t, [oh, ow], interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
-        except RuntimeError as e:
-            # torch's AVX kernel asserts on some 1x1 outputs (3x3 -> 1x1): skip those.
-            print(f"resize {h}x{w} -> {oh}x{ow} (seed {i}): torch error, skipped: {str(e)[:60]}", file=sys.stderr)
-            continue
-        out = r.permute(1, 2, 0).contiguous().numpy().tobytes()
-        entry = [h, w, oh, ow, i, sha(out)[:32]]
-        if len(out) <= 48:
-            entry.append(out.hex())
-        refs["resize"].append(entry)
+    def resizes(mode):
+        out_refs = []
+        for i, (h, w, oh, ow) in enumerate(cases):
+            t = torch.from_numpy(noise(h, w, i)).permute(2, 0, 1).contiguous()
+            try:
+                r = tvF.resize(t, [oh, ow], interpolation=mode, antialias=True)
+            except RuntimeError as e:
+                # torch's AVX kernel asserts on some 1x1 outputs (3x3 -> 1x1): skip those.
+                print(f"{mode.value} {h}x{w} -> {oh}x{ow} (seed {i}): torch error, skipped: {str(e)[:60]}",
+                      file=sys.stderr)
+                continue
+            out = r.permute(1, 2, 0).contiguous().numpy().tobytes()
+            entry = [h, w, oh, ow, i, sha(out)[:32]]
+            if len(out) <= 48:
+                entry.append(out.hex())
+            out_refs.append(entry)
+        return out_refs
 
+    refs["resize"] = resizes(tvF.InterpolationMode.BILINEAR)
     # The same resizes with BICUBIC (LFM3-VL's processor, transformers' Qwen2VLImageProcessor).
-    refs["resize_bicubic"] = []
-    for i, (h, w, oh, ow) in enumerate(cases):
-        src = noise(h, w, i)
-        t = torch.from_numpy(src).permute(2, 0, 1).contiguous()
-        try:
-            r = tvF.resize(t, [oh, ow], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
-        except RuntimeError as e:
-            print(f"bicubic {h}x{w} -> {oh}x{ow} (seed {i}): torch error, skipped: {str(e)[:60]}", file=sys.stderr)
-            continue
-        out = r.permute(1, 2, 0).contiguous().numpy().tobytes()
-        entry = [h, w, oh, ow, i, sha(out)[:32]]
-        if len(out) <= 48:
-            entry.append(out.hex())
-        refs["resize_bicubic"].append(entry)
+    refs["resize_bicubic"] = resizes(tvF.InterpolationMode.BICUBIC)
 
     # Qwen2-VL's smart_resize (LFM3-VL's processor): [h, w, factor, min, max, out_h, out_w],
     # out null where it raises (aspect ratio above 200).

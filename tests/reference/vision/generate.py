@@ -153,6 +153,39 @@ def save_np(path: Path, t) -> None:
     np.save(str(path), t.detach().cpu().numpy().astype(np.float32))
 
 
+def reload(model, out: Path):
+    """The checkpoint and processor saved in `out`, read back (the references come from what
+    the fixture holds), the weights checked against `model`'s."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    ref = AutoModelForImageTextToText.from_pretrained(str(out), dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), k
+    return ref, AutoProcessor.from_pretrained(str(out))
+
+
+def greedy_with_features(model, ids: list[int], image_token_id: int, feats):
+    """N_GREEDY greedy tokens after `ids` with `feats` in place of the image tokens (a full
+    forward over inputs_embeds each step), and the logits of every row of prompt + tokens."""
+    import torch
+
+    embed = model.model.get_input_embeddings()
+    x = embed(torch.tensor([ids]))
+    m = (torch.tensor([ids]) == image_token_id)[..., None]
+    x = x.masked_scatter(m, feats)
+    gen = []
+    for _ in range(N_GREEDY):
+        logits = model(inputs_embeds=x, use_cache=False).logits[0]
+        t = int(logits[-1].argmax())
+        gen.append(t)
+        x = torch.cat([x, embed(torch.tensor([[t]]))], 1)
+    logits = model(inputs_embeds=x, use_cache=False).logits[0]
+    assert [int(v) for v in logits[len(ids) - 1:-1].argmax(-1)] == gen
+    return gen, logits
+
+
 def run_case(model, processor, name: str, images, text: str, overrides: dict) -> dict:
     import torch
 
@@ -184,18 +217,7 @@ def run_case(model, processor, name: str, images, text: str, overrides: dict) ->
         n_img = sum(1 for t in ids if t == model.config.image_token_id)
         assert n_img == feats.shape[0], (n_img, feats.shape)
 
-        embed = inner.get_input_embeddings()
-        x = embed(torch.tensor([ids]))
-        m = (torch.tensor([ids]) == model.config.image_token_id)[..., None]
-        x = x.masked_scatter(m, feats)
-        gen = []
-        for _ in range(N_GREEDY):
-            logits = model(inputs_embeds=x, use_cache=False).logits[0]
-            t = int(logits[-1].argmax())
-            gen.append(t)
-            x = torch.cat([x, embed(torch.tensor([[t]]))], 1)
-        logits = model(inputs_embeds=x, use_cache=False).logits[0]
-        assert [int(v) for v in logits[len(ids) - 1:-1].argmax(-1)] == gen
+        gen, logits = greedy_with_features(model, ids, model.config.image_token_id, feats)
         full = model(input_ids=torch.tensor([ids]), pixel_values=pv, spatial_shapes=shapes,
                      pixel_attention_mask=mask, use_cache=False).logits[0]
         assert torch.allclose(full, logits[:len(ids)], atol=1e-5)
@@ -258,14 +280,7 @@ def main() -> None:
                                 chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(str(OUT))
 
-    # Reload from disk: the references come from what the fixture holds.
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    ref = AutoModelForImageTextToText.from_pretrained(str(OUT), dtype=torch.float32,
-                                                      attn_implementation="eager").eval()
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, ref.state_dict()[k]), k
-    processor = AutoProcessor.from_pretrained(str(OUT))
+    ref, processor = reload(model, OUT)
 
     from PIL import Image
 

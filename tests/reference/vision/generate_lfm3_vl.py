@@ -40,7 +40,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 OUT = ROOT / "tests" / "reference" / "fixtures" / "lfm3_vl"
 SEED = 43
-N_GREEDY = 12
 
 
 def _sibling(name: str, path: Path):
@@ -148,18 +147,7 @@ def run_case(model, processor, name: str, images, text: str) -> dict:
         n_img = sum(1 for t in ids if t == image_token_id)
         assert n_img == feats.shape[0], (n_img, feats.shape)
 
-        embed = inner.get_input_embeddings()
-        x = embed(torch.tensor([ids]))
-        m = (torch.tensor([ids]) == image_token_id)[..., None]
-        x = x.masked_scatter(m, feats)
-        gen = []
-        for _ in range(N_GREEDY):
-            logits = model(inputs_embeds=x, use_cache=False).logits[0]
-            t = int(logits[-1].argmax())
-            gen.append(t)
-            x = torch.cat([x, embed(torch.tensor([[t]]))], 1)
-        logits = model(inputs_embeds=x, use_cache=False).logits[0]
-        assert [int(v) for v in logits[len(ids) - 1:-1].argmax(-1)] == gen
+        gen, logits = VL2.greedy_with_features(model, ids, image_token_id, feats)
         full = model(input_ids=torch.tensor([ids]), pixel_values=pv, image_grid_thw=grid, use_cache=False).logits[0]
         assert torch.allclose(full, logits[:len(ids)], atol=1e-5)
     VL2.save_np(out / "logits.npy", logits)
@@ -174,8 +162,7 @@ def main() -> None:
     import torch
     import transformers
     from PIL import Image
-    from transformers import (AutoModelForImageTextToText, AutoProcessor, Lfm3VlProcessor,
-                              Qwen2VLImageProcessor, Qwen3VLVideoProcessor)
+    from transformers import Lfm3VlProcessor, Qwen2VLImageProcessor, Qwen3VLVideoProcessor
 
     if OUT.exists():
         shutil.rmtree(OUT)
@@ -192,17 +179,12 @@ def main() -> None:
                                 chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(str(OUT))
 
-    # Reload from disk: the references come from what the fixture holds.
-    ref = AutoModelForImageTextToText.from_pretrained(str(OUT), dtype=torch.float32,
-                                                      attn_implementation="eager").eval()
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, ref.state_dict()[k]), k
-    processor = AutoProcessor.from_pretrained(str(OUT))
+    ref, processor = VL2.reload(model, OUT)
     assert type(processor.image_processor).__name__ == "Qwen2VLImageProcessor", type(processor.image_processor)
 
     for name, (h, w) in IMAGES.items():
         VL2.make_image(name, h, w).save(OUT / "images" / f"{name}.png")
-    meta = {"token_ids": ids, "vocab_size": vocab, "n_greedy": N_GREEDY, "processor": PROCESSOR,
+    meta = {"token_ids": ids, "vocab_size": vocab, "n_greedy": VL2.N_GREEDY, "processor": PROCESSOR,
             "images": {k: list(v) for k, v in IMAGES.items()}, "cases": {},
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__}}

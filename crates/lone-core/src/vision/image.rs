@@ -239,6 +239,27 @@ pub struct Rgb8 {
 }
 
 impl Rgb8 {
+    /// An error unless the image has pixels and `width · height · 3` bytes (its fields are
+    /// public: one made by hand may not).
+    pub fn check(&self) -> Result<()> {
+        if self.width == 0
+            || self.height == 0
+            || self
+                .width
+                .checked_mul(self.height)
+                .and_then(|n| n.checked_mul(3))
+                != Some(self.data.len())
+        {
+            return Err(Error::Input(format!(
+                "image of {}x{} pixels with {} bytes of RGB data",
+                self.width,
+                self.height,
+                self.data.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// An image from its parts; `data` must hold `width * height * 3` bytes.
     pub fn new(width: usize, height: usize, data: Vec<u8>) -> Result<Rgb8> {
         if width == 0
@@ -823,14 +844,7 @@ pub struct Processed {
 /// the padding to `max_num_patches`.
 pub fn preprocess(img: &Rgb8, cfg: &ProcessorConfig) -> Result<Processed> {
     cfg.validate()?;
-    if img.width == 0 || img.height == 0 || img.data.len() != img.width * img.height * 3 {
-        return Err(Error::Input(format!(
-            "image of {}x{} pixels with {} bytes of RGB data",
-            img.width,
-            img.height,
-            img.data.len()
-        )));
-    }
+    img.check()?;
     let (min_tiles, max_tiles) = if cfg.do_image_splitting {
         (cfg.min_tiles, cfg.max_tiles)
     } else {

@@ -304,14 +304,7 @@ impl PatchProcessor {
     /// One image's patches: resized, normalized and cut as the processor does.
     pub fn preprocess(&self, img: &Rgb8) -> Result<Patches> {
         self.validate()?;
-        if img.width == 0 || img.height == 0 || img.data.len() != img.width * img.height * 3 {
-            return Err(Error::Input(format!(
-                "image of {}x{} pixels with {} bytes of RGB data",
-                img.width,
-                img.height,
-                img.data.len()
-            )));
-        }
+        img.check()?;
         let (p, m) = (self.patch_size, self.merge_size);
         let resized;
         let img = if self.do_resize {
