@@ -14,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reference" / "vision"))
 import generate as g  # noqa: E402
-from transformers import Lfm2VlConfig  # noqa: E402, Lfm2VlForConditionalGeneration, Lfm2VlImageProcessor, Lfm2VlProcessor
+from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration, Lfm2VlImageProcessor, Lfm2VlProcessor  # noqa: E402
 OUT = Path(sys.argv[1])
 OUT.mkdir(parents=True, exist_ok=True)
 text = json.load(open(ROOT.parent / "shared" / "assets" / "lfm2" / "config.LFM2-350M.json"))
