@@ -471,11 +471,12 @@ fn a_repeated_image_reuses_its_encoding() {
 }
 
 /// Encoding a piece at a time (what the server does between steps): one LFM2-VL tile (`tiled`:
-/// two tiles and a thumbnail) or one LFM3-VL image a step, then the same prompt as in one go;
-/// an image remembered takes one step.
+/// two tiles and a thumbnail), or an LFM3-VL image's patch embedding or one of its 6 tower
+/// layers (`two`: 2 × 7), a step, then the same prompt as in one go; an image remembered takes
+/// one step.
 #[test]
 fn encoding_in_pieces_gives_the_same_prompt() {
-    for (dir, case, pieces) in [(fixture(), "tiled", 3), (lfm3_fixture(), "two", 2)] {
+    for (dir, case, pieces) in [(fixture(), "tiled", 3), (lfm3_fixture(), "two", 2 * 7)] {
         let model = load_from(&dir);
         let text = lone_core::text::TextIo::load(&model, &dir).unwrap();
         let meta: serde_json::Value = json(&dir.join("meta.json"));

@@ -431,6 +431,16 @@ struct Layer {
     w2: Linear,
 }
 
+/// One image part-way through the tower ([`Tower::start`], [`Tower::run_layer`]).
+pub struct TowerRun {
+    /// The hidden state, `[n, hidden]`.
+    pub x: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// The layer [`Tower::run_layer`] runs next.
+    pub next_layer: usize,
+}
+
 /// The LFM3-VL vision tower and projector, with the image processor.
 pub struct Tower {
     pub cfg: Lfm3VisionConfig,
@@ -634,6 +644,20 @@ impl Tower {
 
     /// The tower's last hidden state for one image: `[n, hidden]`, rows in merge-block order.
     pub fn encode(&self, img: &Patches, pass: &Pass) -> Result<Vec<f32>> {
+        let mut run = self.start(img, pass)?;
+        while run.next_layer < self.layers.len() {
+            self.run_layer(&mut run, img, pass);
+        }
+        Ok(run.x)
+    }
+
+    /// The layers of the tower (the pieces [`Tower::run_layer`] takes).
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The patch embedding and its norm: the state before the first layer.
+    pub fn start(&self, img: &Patches, pass: &Pass) -> Result<TowerRun> {
         let n = img.grid_h * img.grid_w;
         let m = self.cfg.merge_size;
         if n == 0
@@ -650,45 +674,59 @@ impl Tower {
             )));
         }
         let _scope = pass.enter();
-        let cfg = &self.cfg;
-        let (d, heads, kv) = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads);
-        let hd = d / heads;
         let mut x = self.patch.forward(&img.pixels, n);
         self.embedding_norm.forward(&mut x);
         let (cos, sin) = self.rotary(img);
-        for l in &self.layers {
-            let t = l.operator_norm.apply(&x);
-            let y = match &l.mixer {
-                Mixer::Conv {
-                    in_proj,
-                    kernel,
-                    out_proj,
-                } => self.conv(in_proj, kernel, out_proj, &t, img),
-                Mixer::Attention {
-                    q,
-                    k,
-                    v,
-                    o,
-                    q_norm,
-                    k_norm,
-                } => {
-                    let [mut qs, mut ks, vs] = Linear::forward_many([q, k, v], &t, n);
-                    q_norm.forward(&mut qs);
-                    k_norm.forward(&mut ks);
-                    rotate(&mut qs, &cos, &sin, hd);
-                    rotate(&mut ks, &cos, &sin, hd);
-                    let a = bidirectional_attention(&qs, &ks, &vs, n, heads, kv, hd, pass);
-                    o.forward(&a, n)
-                }
-            };
-            x.iter_mut().zip(&y).for_each(|(x, &y)| *x += y);
-            let t = l.ffn_norm.apply(&x);
-            let [mut g, u] = Linear::forward_many([&l.w1, &l.w3], &t, n);
-            kernels::silu_mul(&mut g, &u);
-            let y = l.w2.forward(&g, n);
-            x.iter_mut().zip(&y).for_each(|(x, &y)| *x += y);
-        }
-        Ok(x)
+        Ok(TowerRun {
+            x,
+            cos,
+            sin,
+            next_layer: 0,
+        })
+    }
+
+    /// Run `run`'s next layer over `img` (the image `start` was given).
+    pub fn run_layer(&self, run: &mut TowerRun, img: &Patches, pass: &Pass) {
+        let Some(l) = self.layers.get(run.next_layer) else {
+            return;
+        };
+        run.next_layer += 1;
+        let _scope = pass.enter();
+        let cfg = &self.cfg;
+        let n = img.grid_h * img.grid_w;
+        let (d, heads, kv) = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads);
+        let hd = d / heads;
+        let x = &mut run.x;
+        let t = l.operator_norm.apply(x);
+        let y = match &l.mixer {
+            Mixer::Conv {
+                in_proj,
+                kernel,
+                out_proj,
+            } => self.conv(in_proj, kernel, out_proj, &t, img),
+            Mixer::Attention {
+                q,
+                k,
+                v,
+                o,
+                q_norm,
+                k_norm,
+            } => {
+                let [mut qs, mut ks, vs] = Linear::forward_many([q, k, v], &t, n);
+                q_norm.forward(&mut qs);
+                k_norm.forward(&mut ks);
+                rotate(&mut qs, &run.cos, &run.sin, hd);
+                rotate(&mut ks, &run.cos, &run.sin, hd);
+                let a = bidirectional_attention(&qs, &ks, &vs, n, heads, kv, hd, pass);
+                o.forward(&a, n)
+            }
+        };
+        x.iter_mut().zip(&y).for_each(|(x, &y)| *x += y);
+        let t = l.ffn_norm.apply(x);
+        let [mut g, u] = Linear::forward_many([&l.w1, &l.w3], &t, n);
+        kernels::silu_mul(&mut g, &u);
+        let y = l.w2.forward(&g, n);
+        x.iter_mut().zip(&y).for_each(|(x, &y)| *x += y);
     }
 
     /// The projector on the tower's output: one embedding per merge block, `[n / m², text

@@ -759,33 +759,9 @@ impl Vision {
             images,
             done: Vec::new(),
             partial: None,
+            partial3: None,
             reused: 0,
             time: std::time::Duration::ZERO,
-        })
-    }
-
-    /// One image processed and encoded: its placeholder text, tiles and embeddings.
-    fn encode(&self, img: &image::Rgb8, compute: &Compute) -> Result<Encoded> {
-        let (placeholder, tiles, embeds) = match &self.tower {
-            Tower::Lfm2(t) => {
-                let p = image::preprocess(img, &t.processor)?;
-                (
-                    p.placeholder(&t.processor),
-                    p.tiles.len(),
-                    t.embed_image(&p, compute)?,
-                )
-            }
-            Tower::Lfm3(t) => {
-                let p = t.processor.preprocess(img)?;
-                let pass = Self::pass(compute);
-                let e = t.project(&t.encode(&p, &pass)?, &pass);
-                (IMAGE_PAD.repeat(p.n_tokens()), 1, e)
-            }
-        };
-        Ok(Encoded {
-            placeholder,
-            tiles,
-            embeds: std::sync::Arc::new(embeds),
         })
     }
 
@@ -835,13 +811,16 @@ pub struct Encoding {
     done: Vec<Encoded>,
     /// The LFM2-VL image being encoded tile by tile: its key, processing and tiles so far.
     partial: Option<([u8; 32], image::Processed, Vec<f32>)>,
+    /// The LFM3-VL image being encoded layer by layer: its key, patches and tower state.
+    partial3: Option<([u8; 32], lfm3::Patches, lfm3::TowerRun)>,
     reused: usize,
     time: std::time::Duration,
 }
 
 impl Encoding {
-    /// Encode the next piece — an LFM2-VL tile, an LFM3-VL image, or an image whose encoding
-    /// is remembered — of the images `begin` was given, with `vision`, the model that began
+    /// Encode the next piece — an LFM2-VL tile; an LFM3-VL image's patch embedding, or one
+    /// of its tower's layers; or an image whose encoding is remembered — of the images `begin`
+    /// was given, with `vision`, the model that began
     /// it. True when every image is encoded.
     pub fn step(&mut self, vision: &Vision, compute: &Compute) -> Result<bool> {
         let t0 = std::time::Instant::now();
@@ -861,6 +840,23 @@ impl Encoding {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(key, e.clone());
         };
+        if let Some((key, p, mut run)) = self.partial3.take() {
+            let t = vision.lfm3().expect("a partial image is LFM3-VL's");
+            let pass = Vision::pass(compute);
+            t.run_layer(&mut run, &p, &pass);
+            if run.next_layer < t.n_layers() {
+                self.partial3 = Some((key, p, run));
+                return Ok(());
+            }
+            let e = Encoded {
+                placeholder: IMAGE_PAD.repeat(p.n_tokens()),
+                tiles: 1,
+                embeds: std::sync::Arc::new(t.project(&run.x, &pass)),
+            };
+            remember(key, &e);
+            self.done.push(e);
+            return Ok(());
+        }
         if let Some((key, p, mut embeds)) = self.partial.take() {
             let t = vision.lfm2().expect("a partial image is LFM2-VL's");
             let tile = &p.tiles[t.tiles_done(&p, embeds.len())];
@@ -886,10 +882,11 @@ impl Encoding {
                     t.embed_tile(&first.pixels, first.h_patches, first.w_patches, compute)?;
                 self.lfm2_progress(key, p, embeds, t, &remember)
             }
-            Tower::Lfm3(_) => {
-                let e = vision.encode(img, compute)?;
-                remember(key, &e);
-                self.done.push(e);
+            Tower::Lfm3(t) => {
+                // The patch embedding now, then a layer a step (the projector with the last).
+                let p = t.processor.preprocess(img)?;
+                let run = t.start(&p, &Vision::pass(compute))?;
+                self.partial3 = Some((key, p, run));
                 Ok(())
             }
         }
@@ -1021,16 +1018,6 @@ impl Lfm2Tower {
             n += 1;
         }
         n
-    }
-
-    /// The embeddings of a preprocessed image: every tile's, in the processor's order (the
-    /// order of its image tokens).
-    pub fn embed_image(&self, img: &image::Processed, compute: &Compute) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        for t in &img.tiles {
-            out.extend(self.embed_tile(&t.pixels, t.h_patches, t.w_patches, compute)?);
-        }
-        Ok(out)
     }
 }
 
