@@ -809,8 +809,9 @@ pub struct Encoding {
     images: Vec<image::Rgb8>,
     /// The encoded images, in order.
     done: Vec<Encoded>,
-    /// The LFM2-VL image being encoded tile by tile: its key, processing and tiles so far.
-    partial: Option<([u8; 32], image::Processed, Vec<f32>)>,
+    /// The LFM2-VL image being encoded tile by tile: its key, processing, the embeddings of
+    /// its tiles so far and how many tiles that is.
+    partial: Option<([u8; 32], image::Processed, Vec<f32>, usize)>,
     /// The LFM3-VL image being encoded layer by layer: its key, patches and tower state.
     partial3: Option<([u8; 32], lfm3::Patches, lfm3::TowerRun)>,
     reused: usize,
@@ -833,13 +834,6 @@ impl Encoding {
         let Some(img) = self.images.get(self.done.len()) else {
             return Ok(());
         };
-        let remember = |key: [u8; 32], e: &Encoded| {
-            vision
-                .encoded
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, e.clone());
-        };
         if let Some((key, p, mut run)) = self.partial3.take() {
             let t = vision.lfm3().expect("a partial image is LFM3-VL's");
             let pass = Vision::pass(compute);
@@ -853,15 +847,15 @@ impl Encoding {
                 tiles: 1,
                 embeds: std::sync::Arc::new(t.project(&run.x, &pass)),
             };
-            remember(key, &e);
-            self.done.push(e);
+            self.image_done(vision, key, e);
             return Ok(());
         }
-        if let Some((key, p, mut embeds)) = self.partial.take() {
+        if let Some((key, p, mut embeds, tiles)) = self.partial.take() {
             let t = vision.lfm2().expect("a partial image is LFM2-VL's");
-            let tile = &p.tiles[t.tiles_done(&p, embeds.len())];
+            let tile = &p.tiles[tiles];
             embeds.extend(t.embed_tile(&tile.pixels, tile.h_patches, tile.w_patches, compute)?);
-            return self.lfm2_progress(key, p, embeds, t, &remember);
+            self.lfm2_tile_done(vision, t, key, p, embeds, tiles + 1);
+            return Ok(());
         }
         let key = vision.key(img, compute);
         let cached = vision
@@ -880,7 +874,8 @@ impl Encoding {
                 let first = &p.tiles[0];
                 let embeds =
                     t.embed_tile(&first.pixels, first.h_patches, first.w_patches, compute)?;
-                self.lfm2_progress(key, p, embeds, t, &remember)
+                self.lfm2_tile_done(vision, t, key, p, embeds, 1);
+                Ok(())
             }
             Tower::Lfm3(t) => {
                 // The patch embedding now, then a layer a step (the projector with the last).
@@ -892,28 +887,37 @@ impl Encoding {
         }
     }
 
-    /// After an LFM2-VL tile: the image is done when every tile is, else it waits.
-    fn lfm2_progress(
+    /// After an LFM2-VL image's first `tiles` tiles: the image is done when every tile is,
+    /// else it waits for the next piece.
+    fn lfm2_tile_done(
         &mut self,
+        vision: &Vision,
+        t: &Lfm2Tower,
         key: [u8; 32],
         p: image::Processed,
         embeds: Vec<f32>,
-        t: &Lfm2Tower,
-        remember: &dyn Fn([u8; 32], &Encoded),
-    ) -> Result<()> {
-        let tiles_done = t.tiles_done(&p, embeds.len());
-        if tiles_done < p.tiles.len() {
-            self.partial = Some((key, p, embeds));
-            return Ok(());
+        tiles: usize,
+    ) {
+        if tiles < p.tiles.len() {
+            self.partial = Some((key, p, embeds, tiles));
+            return;
         }
         let e = Encoded {
             placeholder: p.placeholder(&t.processor),
             tiles: p.tiles.len(),
             embeds: std::sync::Arc::new(embeds),
         };
-        remember(key, &e);
+        self.image_done(vision, key, e);
+    }
+
+    /// An image encoded: remembered by `vision` under `key`, and the prompt's next.
+    fn image_done(&mut self, vision: &Vision, key: [u8; 32], e: Encoded) {
+        vision
+            .encoded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, e.clone());
         self.done.push(e);
-        Ok(())
     }
 
     /// The prompt: its text's markers expanded, tokenized, with the images' embeddings.
@@ -999,25 +1003,6 @@ impl Lfm2Tower {
         let hidden = self.encoder.forward(pixels, h, w, &pass)?;
         let _scope = pass.enter();
         Ok(self.projector.forward(&hidden, h, w))
-    }
-
-    /// Embedding rows of tile `i` of `p`: `(h/f)·(w/f)`.
-    fn tile_rows(&self, p: &image::Processed, i: usize) -> usize {
-        let f = self.cfg.downsample_factor;
-        let t = &p.tiles[i];
-        (t.h_patches / f) * (t.w_patches / f)
-    }
-
-    /// How many of `p`'s tiles `len` embedding values cover (tiles in order).
-    fn tiles_done(&self, p: &image::Processed, len: usize) -> usize {
-        let width = self.cfg.text_hidden_size;
-        let mut rows = len / width;
-        let mut n = 0;
-        while n < p.tiles.len() && rows >= self.tile_rows(p, n) {
-            rows -= self.tile_rows(p, n);
-            n += 1;
-        }
-        n
     }
 }
 
