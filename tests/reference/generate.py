@@ -994,7 +994,11 @@ def _gguf_vocab(gguf, w, model_dir: Path, vocab_size: int) -> None:
     added = tok.get_added_vocab()
     tokens, types = [], []
     for i in range(vocab_size):
-        t = rev[i]
+        t = rev.get(i)
+        if t is None:  # a vocabulary padded past the tokenizer, as the converter pads it
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
         if t in added:
             types.append(gguf.TokenType.CONTROL if tok.added_tokens_decoder[i].special else gguf.TokenType.USER_DEFINED)
         else:
@@ -1012,8 +1016,9 @@ def _tokenizer_fields(gguf, path: Path) -> dict:
     return {f.name: f.contents() for f in r.fields.values() if f.name.startswith("tokenizer.")}
 
 
-def write_lfm3_ggufs(name: str) -> dict:
-    """``model-{f32,f16,bf16,q8_0}.gguf`` of the lfm3 fixture, written with gguf-py's GGUFWriter
+def write_lfm3_ggufs(name: str, src: Path | None = None, types: list[str] | None = None) -> dict:
+    """``model-{f32,f16,bf16,q8_0}.gguf`` of the lfm3 fixture (or of the lfm3 checkpoint in
+    ``src``, ``types`` of them, written there), written with gguf-py's GGUFWriter
     (llama.cpp has no LFM3 converter). Metadata and tensor names follow llama.cpp's conventions
     (DEVELOPERS.md); tensor types follow convert_hf_to_gguf.py's rules (1-D tensors, norms and
     the short-conv kernel stay F32, the rest takes the output type). The proportional RoPE of
@@ -1025,7 +1030,7 @@ def write_lfm3_ggufs(name: str) -> dict:
     from safetensors.numpy import load_file
 
     gguf = _import_gguf()
-    out = FIXTURES / name
+    out = src or FIXTURES / name
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "lfm3"
     sd = load_file(str(out / "model.safetensors"))
@@ -1058,7 +1063,7 @@ def write_lfm3_ggufs(name: str) -> dict:
     qtypes = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
               "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
     result = {}
-    for kind in LFM3_GGUF_TYPES:
+    for kind in types or LFM3_GGUF_TYPES:
         path = out / f"model-{kind}.gguf"
         w = gguf.GGUFWriter(str(path), "lfm3")
         w.add_type(gguf.GGUFType.MODEL)

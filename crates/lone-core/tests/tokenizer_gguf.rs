@@ -241,3 +241,35 @@ fn unsupported_gguf_tokenizers_are_clear_errors() {
     let e = Tokenizer::from_gguf_vocab(&v).unwrap_err().to_string();
     assert!(e.contains("no-such-pre") && e.contains("llama-bpe"), "{e}");
 }
+
+/// A vocabulary the converter padded past the tokenizer (`[PADn]`, type UNUSED; the lfm2_vl
+/// fixture's 544 ids over a 532-token tokenizer): the padding is no token, as in the HF
+/// tokenizer (transformers has no such ids; llama.cpp decodes them to nothing), so generation
+/// emits nothing for them; no text encodes to them, and the rest decodes as the HF tokenizer does.
+#[test]
+fn converter_padding_tokens_are_no_tokens() {
+    let fixture = reference().join("../fixtures/lfm2_vl");
+    let g = GgufFile::open(fixture.join("model-f32.gguf")).unwrap();
+    let v = GgufVocab::from_gguf(&g).unwrap();
+    let pads: Vec<u32> = (0..v.tokens.len())
+        .filter(|&i| v.tokens[i].starts_with("[PAD"))
+        .map(|i| i as u32)
+        .collect();
+    assert_eq!(pads.len(), 544 - 532, "the fixture's padding");
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let hf = Tokenizer::from_dir(&fixture).unwrap();
+    assert_eq!(tok.vocab_size(), hf.vocab_size());
+    for &p in &pads {
+        assert_eq!(tok.id_to_token(p), None, "{p}");
+        assert_eq!(hf.id_to_token(p), None, "{p}");
+    }
+    let text = "Hi [PAD520] there<|im_end|>";
+    let ids = tok.encode(text, false).unwrap();
+    assert_eq!(ids, hf.encode(text, false).unwrap());
+    for skip in [false, true] {
+        assert_eq!(
+            tok.decode(&ids, skip).unwrap(),
+            hf.decode(&ids, skip).unwrap()
+        );
+    }
+}

@@ -101,8 +101,17 @@ fn check_language_model(model: &Model, case: &Path, features: &[f32], what: &str
         assert!(d <= 1e-4, "{what}: decode row {i} differs by {d}");
     }
 
-    // Greedy: the prompt (with its images) once, then a token at a time.
-    let mut b = Batch::for_sequence(0, 0, &ids, false);
+    assert_eq!(
+        greedy_tokens(model, &ids, embeds, greedy.len()),
+        greedy,
+        "{what}: greedy tokens differ from transformers"
+    );
+}
+
+/// `n` greedy tokens after `ids`: the prompt (with its image rows' `embeds`) once, then a
+/// token at a time.
+fn greedy_tokens(model: &Model, ids: &[u32], embeds: Vec<(usize, Vec<f32>)>, n: usize) -> Vec<u32> {
+    let mut b = Batch::for_sequence(0, 0, ids, false);
     b.embeds = embeds;
     let mut cache = model.new_cache();
     let mut tok = argmax(
@@ -112,7 +121,7 @@ fn check_language_model(model: &Model, case: &Path, features: &[f32], what: &str
             .logits,
     );
     let mut got = vec![tok];
-    while got.len() < greedy.len() {
+    while got.len() < n {
         let b = Batch::for_sequence(0, cache.len(), &[tok], true);
         tok = argmax(
             &model
@@ -122,10 +131,16 @@ fn check_language_model(model: &Model, case: &Path, features: &[f32], what: &str
         );
         got.push(tok);
     }
-    assert_eq!(
-        got, greedy,
-        "{what}: greedy tokens differ from transformers"
-    );
+    got
+}
+
+/// The max |Δ| of `embeds` from the reference `want` (`.npy`), printed and asserted ≤ `tol`.
+fn check_features(embeds: &[f32], want: &Path, tol: f32, what: &str) -> f32 {
+    let want = npy::read(want).unwrap_or_else(|e| panic!("{}: {e}", want.display()));
+    let d = max_diff(embeds, &want.data);
+    eprintln!("{what}: image embeddings from the PNGs, max |Δ| {d:e}");
+    assert!(d <= tol, "{what}: image embeddings differ by {d} (> {tol})");
+    d
 }
 
 /// transformers' own pixel values (case `one`) through lone's encoder and projector.
@@ -229,6 +244,12 @@ fn a_wrong_mmproj_is_an_error() {
     assert!(model
         .load_mmproj(&fixture().join("model-f32.gguf"))
         .is_err());
+    // Each family's mmproj needs its own language model's image token.
+    let e = model.load_mmproj(&lfm3_fixture().join("mmproj-f32.gguf"));
+    assert!(e.unwrap_err().to_string().contains("<|image_pad|>"));
+    let mut lfm3 = Model::load(&lfm3_fixture().join("model-f32.gguf")).unwrap();
+    let e = lfm3.load_mmproj(&fixture().join("mmproj-f32.gguf"));
+    assert!(e.unwrap_err().to_string().contains("<image>"));
 }
 
 fn every_case_from_files(
@@ -236,6 +257,34 @@ fn every_case_from_files(
     text: &lone_core::text::TextIo,
     fixture: &Path,
     what: &str,
+) {
+    for_every_case_from_files(
+        &mut model,
+        text,
+        fixture,
+        what,
+        |model, case, dir, embeds| {
+            check_features(
+                embeds,
+                &dir.join("features.npy"),
+                1e-4,
+                &format!("{what} {case}"),
+            );
+            check_language_model(model, dir, embeds, &format!("{what} {case} (files)"));
+        },
+    );
+}
+
+/// Every case of `fixture`'s meta.json from its PNG files: lone's chat template render, image
+/// decoding and processing (with the case's settings), placeholder expansion and tokenization
+/// give transformers' prompt text and ids; then `check(model, case, case directory, the image
+/// embeddings lone's encoder made)`.
+fn for_every_case_from_files(
+    model: &mut Model,
+    text: &lone_core::text::TextIo,
+    fixture: &Path,
+    what: &str,
+    mut check: impl FnMut(&Model, &str, &Path, &[f32]),
 ) {
     let base = model
         .vision
@@ -280,17 +329,101 @@ fn every_case_from_files(
             .unwrap();
         let ids: Vec<u32> = json(&dir.join("input_ids.json"));
         assert_eq!(p.ids, ids, "{what} {case}: prompt ids");
-        let want = npy::read(&dir.join("features.npy")).unwrap();
-        let d = max_diff(&p.embeds.data, &want.data);
-        eprintln!("{case}: image embeddings from the PNGs, max |Δ| {d:e}");
-        assert!(d <= 1e-4, "{case}: image embeddings differ by {d}");
-        check_language_model(
-            &model,
-            &dir,
-            &p.embeds.data,
-            &format!("{what} {case} (files)"),
-        );
+        check(model, case, &dir, &p.embeds.data);
     }
+    if let Some(base) = base {
+        model.vision.as_mut().unwrap().lfm2_mut().unwrap().processor = base;
+    }
+}
+
+/// llama.cpp's mmproj at `--outtype f16` and `q8_0` (where the converter keeps the patch
+/// embedding F32 and the 48-wide `mm.2` F16) beside the f32 language model. Exact mode: every
+/// case's image embeddings from the PNGs are transformers' with the mmproj's tensors,
+/// dequantized by gguf-py, in place of the vision tower's and projector's
+/// (`features-<type>.npy`, itself 7e-4 to 0.015 from the checkpoint's `features.npy`), within
+/// 1e-4. The default mode (8-bit activations for the Q8_0 weights) within a bound about 3× the
+/// measured difference. Both modes: the greedy tokens of `greedy-q8_0.json`.
+#[test]
+fn f16_and_q8_0_mmproj_match_transformers_on_their_dequantized_weights() {
+    // (fixture, type, the default mode's bound, the cases with greedy tokens). The default
+    // mode's max |Δ| from the reference over the cases, measured: f16 1.4e-6 (F16 weights have
+    // no 8-bit kernels: f32 activations, held to the exact bound); LFM2-VL q8_0 0.0183
+    // (LONE_ISA avx512, avxvnni, scalar), 0.0139 (avx2), with |features| up to 2.1 — a NumPy
+    // model of Q8_0-rounded activations gives 0.012 to 0.018 per case too — bound 3× that;
+    // LFM3-VL q8_0 0.097 (avx512, scalar; avx2 0.035, its larger images through f32 tiles),
+    // with |features| up to 3.7 and the Q8_0 weights themselves moving them by 0.07 — bound 3×.
+    for (fixture, ty, default_tol, n_greedy) in [
+        (fixture(), "f16", 1e-4, 0),
+        (fixture(), "q8_0", 0.055, 1),
+        (lfm3_fixture(), "f16", 1e-4, 0),
+        (lfm3_fixture(), "q8_0", 0.3, 0),
+    ] {
+        let gguf = fixture.join("model-f32.gguf");
+        let mut model = Model::load(&gguf).unwrap();
+        model
+            .load_mmproj(&fixture.join(format!("mmproj-{ty}.gguf")))
+            .unwrap();
+        let text = lone_core::text::TextIo::load(&model, &gguf).unwrap();
+        let family = fixture.file_name().unwrap().to_string_lossy().into_owned();
+        for (mode, tol) in [(Mode::Exact, 1e-4), (Mode::Auto, default_tol)] {
+            model.compute.mode = Some(mode);
+            let what = format!("{family} mmproj-{ty}, {} mode", mode.name());
+            let (mut worst, mut greedy_cases) = (0f32, 0);
+            for_every_case_from_files(
+                &mut model,
+                &text,
+                &fixture,
+                &what,
+                |model, case, dir, embeds| {
+                    let want = dir.join(format!("features-{ty}.npy"));
+                    let d = check_features(embeds, &want, tol, &format!("{what} {case}"));
+                    worst = worst.max(d);
+                    let Ok(s) = std::fs::read_to_string(dir.join(format!("greedy-{ty}.json")))
+                    else {
+                        return;
+                    };
+                    let greedy: Vec<u32> = serde_json::from_str(&s).unwrap();
+                    let ids: Vec<u32> = json(&dir.join("input_ids.json"));
+                    let image_token = model.vision.as_ref().unwrap().image_token_id;
+                    let embeds = image_embeds(&ids, image_token, embeds, model.cfg.hidden_size);
+                    let got = greedy_tokens(model, &ids, embeds, greedy.len());
+                    assert_eq!(got, greedy, "{what} {case}: greedy tokens");
+                    greedy_cases += 1;
+                },
+            );
+            eprintln!("{what}: max |Δ| over the cases {worst:e}");
+            assert_eq!(greedy_cases, n_greedy, "{what}: cases with greedy tokens");
+        }
+    }
+}
+
+/// LFM3-VL as a GGUF pair (DEVELOPERS.md "LFM3-VL in GGUF", written by generate_lfm3_vl.py
+/// with gguf-py: llama.cpp has no LFM3-VL): the f32 pair gives transformers' prompts,
+/// embeddings, logits and greedy tokens; the image processor an mmproj records is the one the
+/// fixture's `processor_config.json` configures.
+#[test]
+fn lfm3_vl_gguf_pair_matches_transformers() {
+    let gguf = lfm3_fixture().join("model-f32.gguf");
+    let mut model = Model::load(&gguf).unwrap();
+    model.compute.mode = Some(Mode::Exact);
+    assert!(model.vision.is_none());
+    let mmproj = lfm3_fixture().join("mmproj-f32.gguf");
+    model.load_mmproj(&mmproj).unwrap();
+    let from_dir = load_from(&lfm3_fixture());
+    let tower = |m: &Model| {
+        let t = m.vision.as_ref().unwrap().lfm3().expect("an LFM3-VL tower");
+        (t.cfg.clone(), t.processor.clone())
+    };
+    assert_eq!(tower(&model), tower(&from_dir), "config and processor");
+    let g = lone_core::loader::gguf::GgufFile::open(&mmproj).unwrap();
+    let (cfg, processor) = tower(&model);
+    assert_eq!(
+        lone_core::vision::lfm3::PatchProcessor::from_mmproj(&g, &cfg),
+        processor,
+        "the processor settings the mmproj records"
+    );
+    let text = lone_core::text::TextIo::load(&model, &gguf).unwrap();
+    every_case_from_files(model, &text, &lfm3_fixture(), "lfm3_vl GGUF + mmproj");
 }
 
 /// Placeholders and images must agree in number.

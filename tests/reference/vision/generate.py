@@ -31,6 +31,15 @@ thumbnail, tiling turned off.
 * ``vision.npy``: the vision tower's ``last_hidden_state`` of each tile's patches, concatenated;
 * ``features.npy``: the projector's outputs (the embeddings that replace the image tokens);
 * ``logits.npy``: one forward pass over prompt + greedy tokens, every row.
+
+``model-f32.gguf`` and ``mmproj-f32.gguf`` are llama.cpp's converter's pair (``convert_ggufs``);
+``mmproj-f16.gguf`` and ``mmproj-q8_0.gguf`` its ``--outtype f16`` / ``q8_0`` mmproj, with their
+own references (``mmproj_types``; ``python generate.py --mmproj-types`` adds just those to an
+existing fixture): ``cases/<case>/features-{f16,q8_0}.npy``, the projector's outputs with the
+mmproj's tensors dequantized by gguf-py in place of the checkpoint's vision weights (more than
+1e-4 from ``features.npy`` — 7e-4 to 9e-4 at f16, 0.012 to 0.015 at q8_0), and
+``cases/tiled/greedy-q8_0.json`` (with the f32 language model; the same tokens as
+``greedy.json``: these weights move the features too little to change them).
 """
 
 import hashlib
@@ -186,15 +195,31 @@ def greedy_with_features(model, ids: list[int], image_token_id: int, feats):
     return gen, logits
 
 
+def encode_turn(processor, images, text: str, overrides: dict):
+    """One user turn (the images, then `text`) through the chat template and the processor:
+    the prompt text and the processor's tensors."""
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                           tokenize=False)
+    return prompt, processor(images=[images], text=prompt, return_tensors="pt", **overrides)
+
+
+def image_features(model, enc):
+    """The projector's outputs for `enc`'s images, tile after tile (the rows that replace the
+    image tokens)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.cat(model.model.get_image_features(enc["pixel_values"], enc["spatial_shapes"],
+                                                        enc["pixel_attention_mask"]).pooler_output)
+
+
 def run_case(model, processor, name: str, images, text: str, overrides: dict) -> dict:
     import torch
 
     out = OUT / "cases" / name
     out.mkdir(parents=True)
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                           tokenize=False)
-    enc = processor(images=[images], text=prompt, return_tensors="pt", **overrides)
+    prompt, enc = encode_turn(processor, images, text, overrides)
     ids = enc["input_ids"][0].tolist()
     pv, mask, shapes = enc["pixel_values"], enc["pixel_attention_mask"], enc["spatial_shapes"]
     valid = [pv[i][mask[i].bool()] for i in range(pv.shape[0])]
@@ -212,7 +237,7 @@ def run_case(model, processor, name: str, images, text: str, overrides: dict) ->
         vis = inner.vision_tower(pixel_values=pv, spatial_shapes=shapes, pixel_attention_mask=mask)
         lhs = torch.cat([vis.last_hidden_state[i][mask[i].bool()] for i in range(pv.shape[0])])
         save_np(out / "vision.npy", lhs)
-        feats = torch.cat(inner.get_image_features(pv, shapes, mask).pooler_output)
+        feats = image_features(model, enc)
         save_np(out / "features.npy", feats)
         n_img = sum(1 for t in ids if t == model.config.image_token_id)
         assert n_img == feats.shape[0], (n_img, feats.shape)
@@ -248,6 +273,146 @@ def convert_ggufs() -> dict:
     conv = [sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(OUT), "--outtype", "f32"]
     subprocess.run([*conv, "--mmproj", "--outfile", str(OUT / "mmproj-f32.gguf")], check=True, env=env)
     return {"text": "model-f32.gguf", "mmproj": "mmproj-f32.gguf", "converter": "llama.cpp 0c1e570"}
+
+
+MMPROJ_TYPES = ["f16", "q8_0"]
+# The case whose greedy tokens are also stored for a quantized mmproj (`greedy-q8_0.json`).
+MMPROJ_GREEDY = {"q8_0": "tiled"}
+
+_VT, _MM = "model.vision_tower.", "model.multi_modal_projector."
+# The mmproj's tensor names (llama.cpp's clip names) -> the transformers parameters they hold.
+MMPROJ_TO_HF = {
+    "v.patch_embd": _VT + "embeddings.patch_embedding",
+    "v.position_embd": _VT + "embeddings.position_embedding",
+    "v.post_ln": _VT + "post_layernorm",
+    "mm.input_norm": _MM + "layer_norm",
+    "mm.1": _MM + "linear_1",
+    "mm.2": _MM + "linear_2",
+}
+MMPROJ_BLOCK_TO_HF = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_out": "self_attn.out_proj",
+    "ffn_up": "mlp.fc1",
+    "ffn_down": "mlp.fc2",
+    "ln1": "layer_norm1",
+    "ln2": "layer_norm2",
+}
+
+
+def mmproj_hf_name(name: str) -> str:
+    """The transformers parameter an mmproj tensor holds (`v.blk.1.attn_out.weight` ->
+    `model.vision_tower.encoder.layers.1.self_attn.out_proj.weight`)."""
+    base, suffix = name.rsplit(".", 1)
+    if base in MMPROJ_TO_HF:
+        return f"{MMPROJ_TO_HF[base]}.{suffix}"
+    v, blk, bid, rest = base.split(".", 3)
+    assert (v, blk) == ("v", "blk") and bid.isdigit(), name
+    return f"{_VT}encoder.layers.{bid}.{MMPROJ_BLOCK_TO_HF[rest]}.{suffix}"
+
+
+def _import_gguf():
+    sys.path.insert(0, str(LLAMA_CPP / "gguf-py"))
+    import gguf
+
+    # llama.cpp's own gguf-py (the PyPI package may lag behind the converter that wrote the file).
+    assert Path(gguf.__file__).resolve().is_relative_to(LLAMA_CPP.resolve()), gguf.__file__
+    return gguf
+
+
+def mmproj_weights(path: Path, model) -> tuple[dict, dict]:
+    """The mmproj's tensors dequantized to f32 by gguf-py (what ggml's dequantize gives) under
+    their transformers names, checked to cover every vision-tower and projector parameter of
+    `model` with its shape; and how many tensors of each GGUF type the file holds."""
+    import numpy as np
+    import torch
+
+    gguf = _import_gguf()
+    params = dict(model.named_parameters())
+    want = {k for k in params if k.startswith((_VT, _MM))}
+    weights, types = {}, {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        hf = mmproj_hf_name(t.name)
+        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = torch.from_numpy(w.reshape([int(n) for n in reversed(t.shape)]))
+        if t.name == "v.patch_embd.weight":
+            # The converter stores the [D, 16·16·3] linear as a conv kernel:
+            # view(D, 16, 16, 3).permute(0, 3, 1, 2). Undone.
+            w = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+        assert hf in want and hf not in weights, (t.name, hf)
+        assert tuple(w.shape) == tuple(params[hf].shape), (t.name, hf, w.shape, params[hf].shape)
+        weights[hf] = w
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    assert set(weights) == want, sorted(want - set(weights))
+    return weights, types
+
+
+def mmproj_types(types: list[str] = MMPROJ_TYPES) -> None:
+    """llama.cpp's converter writes the mmproj at each of `types` (`mmproj-<type>.gguf`; at
+    q8_0 it keeps the tensors it keeps F32/F16), and the reference for each: the f32
+    transformers model with its vision tower and projector replaced by the mmproj's tensors
+    dequantized by gguf-py, through every case of meta.json with the processor's pixel values:
+    `cases/<case>/features-<type>.npy` (the projector's outputs, as `features.npy` for the
+    checkpoint's weights) and, for the cases of MMPROJ_GREEDY, `greedy-<type>.json` (the
+    language model is the checkpoint's, f32). Only adds files to the fixture; the mmproj-f32
+    file maps back to the checkpoint's weights exactly (the name map's check)."""
+    import copy
+    import subprocess
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
+    for t in types:
+        conv = [sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(OUT), "--outtype", t]
+        subprocess.run([*conv, "--mmproj", "--outfile", str(OUT / f"mmproj-{t}.gguf")], check=True, env=env)
+
+    meta = json.loads((OUT / "meta.json").read_text())
+    base = AutoModelForImageTextToText.from_pretrained(str(OUT), dtype=torch.float32,
+                                                       attn_implementation="eager").eval()
+    processor = AutoProcessor.from_pretrained(str(OUT))
+    f32, _ = mmproj_weights(OUT / "mmproj-f32.gguf", base)
+    params = dict(base.named_parameters())
+    for k, w in f32.items():
+        assert torch.equal(w, params[k]), k
+    models = {}
+    for t in types:
+        weights, counts = mmproj_weights(OUT / f"mmproj-{t}.gguf", base)
+        print(f"mmproj-{t}.gguf: {counts}", flush=True)
+        m = models[t] = copy.deepcopy(base)
+        with torch.no_grad():
+            for k, p in m.named_parameters():
+                if k in weights:
+                    p.copy_(weights[k])
+    for case, c in meta["cases"].items():
+        out = OUT / "cases" / case
+        images = [Image.open(OUT / "images" / f"{n}.png") for n in c["images"]]
+        prompt, enc = encode_turn(processor, images, c["text"], c["overrides"])
+        ids = enc["input_ids"][0].tolist()
+        assert prompt == (out / "prompt.txt").read_text(), case
+        assert ids == json.loads((out / "input_ids.json").read_text()), case
+        want = torch.from_numpy(np.load(out / "features.npy"))
+        assert float((image_features(base, enc) - want).abs().max()) <= 1e-6, case
+        for t, m in models.items():
+            feats = image_features(m, enc)
+            d = float((feats - want).abs().max())
+            print(f"{case} {t}: max |features-{t} - features| {d:.3g}", flush=True)
+            # A test reading the f32 weights (or features.npy) instead must fail at 1e-4.
+            assert d > 1e-4, (case, t, d)
+            save_np(out / f"features-{t}.npy", feats)
+            if MMPROJ_GREEDY.get(t) == case:
+                with torch.no_grad():
+                    gen, logits = greedy_with_features(m, ids, m.config.image_token_id, feats)
+                top2 = logits[len(ids) - 1:-1].topk(2, -1).values
+                margin = float((top2[:, 0] - top2[:, 1]).min())
+                f32_gen = json.loads((out / "greedy.json").read_text())
+                print(f"{case} {t}: greedy {gen} (checkpoint's weights: {f32_gen}), least top-2 margin "
+                      f"{margin:.3g}", flush=True)
+                assert margin > 1e-3, margin
+                (out / f"greedy-{t}.json").write_text(json.dumps(gen) + "\n")
 
 
 def main() -> None:
@@ -295,7 +460,10 @@ def main() -> None:
         print(case, meta["cases"][case])
     meta["gguf"] = convert_ggufs()
     (OUT / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    mmproj_types()
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--mmproj-types"]:
+        sys.exit(mmproj_types())
     sys.exit(main())

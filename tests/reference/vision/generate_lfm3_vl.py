@@ -193,7 +193,201 @@ def main() -> None:
         meta["cases"][case] = {"images": names, **run_case(ref, processor, case, imgs, text)}
         print(case, meta["cases"][case])
     (OUT / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_ggufs()
+
+
+# ---------------------------------------------------------------------------------------------
+# The GGUF pair. llama.cpp has neither LFM3 nor LFM3-VL: the language model is written as the
+# lfm3 text fixture's GGUFs are (generate.py's write_lfm3_ggufs), the vision side as an mmproj
+# in llama.cpp's conventions (DEVELOPERS.md "LFM3-VL in GGUF"; this function is its executable
+# spec, `lone convert --mmproj` writes the same bytes).
+
+MMPROJ_TYPES = ["f32", "f16", "q8_0"]
+
+
+def mmproj_name(hf: str) -> list[str]:
+    """The mmproj names of an HF tensor (the patch embedding's temporal halves are two)."""
+    if hf.startswith("model.multi_modal_projector."):
+        mod, suf = hf.removeprefix("model.multi_modal_projector.").rsplit(".", 1)
+        return [{"layer_norm": "mm.input_norm", "linear_1": "mm.1", "linear_2": "mm.2"}[mod] + "." + suf]
+    rest = hf.removeprefix("model.vision_tower.")
+    if rest in ("patchifier.weight", "patch_embed.weight"):  # the Hub's name, transformers' in memory
+        return ["v.patch_embd.weight", "v.patch_embd.weight.1"]
+    if rest == "embedding_norm.weight":
+        return ["v.norm_embd.weight"]
+    _, n, mod = rest.split(".", 2)
+    mod, suf = mod.rsplit(".", 1)
+    g = {"operator_norm": "ln1", "ffn_norm": "ln2", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_out", "self_attn.q_layernorm": "attn_q_norm",
+         "self_attn.k_layernorm": "attn_k_norm", "self_attn.q_norm": "attn_q_norm",
+         "self_attn.k_norm": "attn_k_norm", "conv.in_proj": "shortconv.in_proj",
+         "conv.spatial_conv": "shortconv.conv", "conv.out_proj": "shortconv.out_proj",
+         "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down"}[mod]
+    return [f"v.blk.{n}.{g}.{suf}"]
+
+
+def mmproj_tensors(sd: dict, cfg: dict, kind: str, gguf) -> list:
+    """(name, data, type) of every mmproj tensor, in the checkpoint's name order. Types as
+    convert_hf_to_gguf.py's MmprojModel chooses them: 1-D tensors and the depthwise kernels F32,
+    the patch embedding F16 in an F16 file and F32 otherwise, the rest the file's type (F16 where
+    a row is not whole blocks)."""
+    import numpy as np
+
+    vc = cfg["vision_config"]
+    p, t = vc["patch_size"], vc["temporal_patch_size"]
+    assert t == 2, "the mmproj stores the two temporal halves of the patch embedding"
+    qtypes = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+              "q8_0": gguf.GGMLQuantizationType.Q8_0}
+    out = []
+    for hf in sorted(k for k in sd if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))):
+        data = sd[hf].astype(np.float32)
+        names = mmproj_name(hf)
+        if len(names) == 2:  # [D, 3·T·p·p] as (c, t, y, x) -> two conv kernels [D, 3, p, p]
+            d = data.shape[0]
+            halves = data.reshape(d, 3, t, p, p)
+            parts = [(names[i], np.ascontiguousarray(halves[:, :, i])) for i in range(t)]
+        else:
+            parts = [(names[0], data)]
+        for name, x in parts:
+            qt = qtypes[kind]
+            if x.ndim <= 1 or ".shortconv.conv." in name:
+                qt = gguf.GGMLQuantizationType.F32
+            elif name.startswith("v.patch_embd."):
+                qt = gguf.GGMLQuantizationType.F16 if kind == "f16" else gguf.GGMLQuantizationType.F32
+            elif x.shape[-1] % gguf.GGML_QUANT_SIZES[qt][0]:
+                qt = gguf.GGMLQuantizationType.F16
+            out.append((name, x, qt))
+    return out
+
+
+def write_mmproj(kind: str, gguf) -> dict:
+    """``mmproj-<kind>.gguf``; returns {hf or mmproj name: the file's values, dequantized, in the
+    checkpoint's layout} for the reference run on the file's own numbers."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((OUT / "config.json").read_text())
+    vc = cfg["vision_config"]
+    ip = json.loads((OUT / "processor_config.json").read_text())["image_processor"]
+    sd = load_file(str(OUT / "model.safetensors"))
+    ftypes = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    path = OUT / f"mmproj-{kind}.gguf"
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_file_type(ftypes[kind])
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(cfg["text_config"]["hidden_size"])
+    w.add_vision_patch_size(vc["patch_size"])
+    w.add_vision_embedding_length(vc["hidden_size"])
+    w.add_vision_feed_forward_length(vc["intermediate_size"])
+    w.add_vision_block_count(vc["num_hidden_layers"])
+    w.add_vision_head_count(vc["num_attention_heads"])
+    w.add_vision_image_mean(ip["image_mean"])
+    w.add_vision_image_std(ip["image_std"])
+    w.add_clip_projector_type("lfm3")
+    w.add_vision_head_count_kv(vc["num_key_value_heads"])
+    w.add_vision_attention_layernorm_eps(vc["norm_eps"])
+    w.add_vision_spatial_merge_size(vc["spatial_merge_size"])
+    w.add_vision_min_pixels(ip["size"]["shortest_edge"])
+    w.add_vision_max_pixels(ip["size"]["longest_edge"])
+    w.add_vision_use_gelu(True)
+    # no llama.cpp key for these yet: named as the nearest existing ones
+    # (clip.vision.is_deepstack_layers, clip.audio.conv_kernel_size, {arch}.rope.freq_base)
+    w.add_array("clip.vision.is_conv_layers", [t == "conv" for t in vc["layer_types"]])
+    w.add_uint32("clip.vision.conv_kernel_size", vc["conv_kernel_size"])
+    w.add_float32("clip.vision.rope.freq_base", vc["rope_parameters"]["rope_theta"])
+    back = {}
+    for name, x, qt in mmproj_tensors(sd, cfg, kind, gguf):
+        q = gguf.quants.quantize(x, qt)
+        w.add_tensor(name, q, raw_dtype=qt)
+        back[name] = gguf.quants.dequantize(q, qt).reshape(x.shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"   wrote {path.name}", flush=True)
+    return back
+
+
+def dequantized_state(model, back: dict) -> dict:
+    """The vision tower and projector parameters of `model` replaced by an mmproj's values."""
+    import numpy as np
+    import torch
+
+    state = {}
+    for hf, p in model.state_dict().items():
+        if not hf.startswith(("model.vision_tower.", "model.multi_modal_projector.")):
+            continue
+        names = mmproj_name(hf)
+        x = np.stack([back[n] for n in names], axis=2).reshape(p.shape) if len(names) == 2 else back[names[0]]
+        state[hf] = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(p.shape)
+    return state
+
+
+def write_ggufs() -> None:
+    """The pair: ``model-f32.gguf`` (the language model) and ``mmproj-{f32,f16,q8_0}.gguf``;
+    for the f16/q8_0 files, ``cases/<case>/features-<kind>.npy``: transformers' image features
+    with the vision weights the file holds (dequantized by gguf-py)."""
+    import tempfile
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from safetensors.numpy import load_file, save_file
+
+    gguf = TEXT._import_gguf()
+    cfg = json.loads((OUT / "config.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        text_cfg = {"architectures": ["Lfm3ForCausalLM"], **cfg["text_config"]}
+        (tmp / "config.json").write_text(json.dumps(text_cfg))
+        sd = load_file(str(OUT / "model.safetensors"))
+        lm = {k.replace("model.language_model.", "model.", 1): v for k, v in sd.items()
+              if k.startswith("model.language_model.")}
+        save_file(lm, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(OUT / f, tmp / f)
+        TEXT.write_lfm3_ggufs("lfm3_vl", src=tmp, types=["f32"])
+        shutil.copy(tmp / "model-f32.gguf", OUT / "model-f32.gguf")
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    ref = AutoModelForImageTextToText.from_pretrained(str(OUT), dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
+    processor = AutoProcessor.from_pretrained(str(OUT))
+    meta = json.loads((OUT / "meta.json").read_text())
+    for kind in MMPROJ_TYPES:
+        back = write_mmproj(kind, gguf)
+        if kind == "f32":
+            continue
+        state = dequantized_state(ref, back)
+        model = copy_with(ref, state)
+        for case, m in meta["cases"].items():
+            imgs = [Image.open(OUT / "images" / f"{n}.png").convert("RGB") for n in m["images"]]
+            prompt = (OUT / "cases" / case / "prompt.txt").read_text()
+            enc = processor(images=imgs, text=prompt, return_tensors="pt")
+            with torch.no_grad():
+                feats = torch.cat(model.model.get_image_features(enc["pixel_values"].float(),
+                                                                enc["image_grid_thw"]).pooler_output)
+            f32 = np.load(OUT / "cases" / case / "features.npy")
+            diff = float(np.abs(feats.numpy() - f32).max())
+            print(f"   {kind} {case}: features differ from the f32 weights' by {diff:.2e}", flush=True)
+            assert diff > 1e-4, "the reference must tell this file's weights from the checkpoint's"
+            VL2.save_np(OUT / "cases" / case / f"features-{kind}.npy", feats)
+
+
+def copy_with(model, state: dict):
+    import copy
+
+    m = copy.deepcopy(model)
+    missing = set(state) - set(m.state_dict())
+    assert not missing, missing
+    m.load_state_dict(state, strict=False)
+    return m.eval()
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--ggufs"]:
+        sys.exit(write_ggufs())
     sys.exit(main())

@@ -112,10 +112,35 @@ fn vision_hf_to_gguf_name(hf: &str) -> Option<String> {
         "embeddings.patch_embedding" => Some("v.patch_embd"),
         "embeddings.position_embedding" => Some("v.position_embd"),
         "post_layernorm" => Some("v.post_ln"),
+        // LFM3-VL (DEVELOPERS.md "LFM3-VL in GGUF"); its patch embedding is two tensors
+        "embedding_norm" => Some("v.norm_embd"),
         _ => None,
     };
     if let Some(f) = fixed {
         return Some(format!("{f}.{suffix}"));
+    }
+    if let Some((idx, m)) = module
+        .strip_prefix("layers.")
+        .and_then(|r| r.split_once('.'))
+    {
+        let g = match m {
+            "operator_norm" => "ln1",
+            "ffn_norm" => "ln2",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.out_proj" => "attn_out",
+            "self_attn.q_layernorm" | "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_layernorm" | "self_attn.k_norm" => "attn_k_norm",
+            "conv.in_proj" => "shortconv.in_proj",
+            "conv.spatial_conv" => "shortconv.conv",
+            "conv.out_proj" => "shortconv.out_proj",
+            "feed_forward.w1" => "ffn_gate",
+            "feed_forward.w3" => "ffn_up",
+            "feed_forward.w2" => "ffn_down",
+            _ => return None,
+        };
+        return Some(format!("v.blk.{idx}.{g}.{suffix}"));
     }
     let (idx, m) = module.strip_prefix("encoder.layers.")?.split_once('.')?;
     let g = match m {

@@ -193,7 +193,7 @@ impl Model {
                 crate::tokenizer::Tokenizer::from_dir(&self.weights.path)?
             }
         };
-        let marker = crate::vision::IMAGE_MARKER;
+        let marker = crate::vision::Vision::mmproj_marker(path)?;
         let id = tok.token_to_id(marker).ok_or_else(|| {
             Error::Input(format!(
                 "{}: the language model's vocabulary has no {marker} token, so it cannot take \

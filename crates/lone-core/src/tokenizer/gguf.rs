@@ -266,10 +266,16 @@ pub(super) fn build(v: &GgufVocab) -> Result<Tokenizer> {
     let mut vocab = Map::with_capacity(v.tokens.len());
     let mut added = Vec::new();
     for (id, tok) in v.tokens.iter().enumerate() {
+        let ty = v.token_type(id);
+        // UNUSED: the converter's `[PADn]` filling a vocabulary padded past the tokenizer.
+        // Left out, they decode to nothing (as in llama.cpp and transformers, which has no
+        // such tokens) and no text encodes to them.
+        if ty == TOKEN_TYPE_UNUSED {
+            continue;
+        }
         if !vocab.contains_key(tok) {
             vocab.insert(tok.clone(), json!(id));
         }
-        let ty = v.token_type(id);
         let special = match ty {
             TOKEN_TYPE_CONTROL | TOKEN_TYPE_UNKNOWN => true,
             TOKEN_TYPE_USER_DEFINED => false,

@@ -18,7 +18,8 @@ use super::image::{self, Filter, Normalize, Rgb8};
 use super::{bidirectional_attention, gelu_erf, LayerNorm};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Pass};
-use crate::loader::Weights;
+use crate::loader::gguf::{GgufFile, MetaValue};
+use crate::loader::{WeightFiles, Weights};
 use crate::nn::{Linear, RmsNorm};
 use crate::tensor::Tensor;
 
@@ -113,6 +114,69 @@ impl Lfm3VisionConfig {
         Ok(cfg)
     }
 
+    /// The tower and projector of an LFM3-VL mmproj (DEVELOPERS.md "LFM3-VL in GGUF");
+    /// the projector's sizes and bias come from its tensors.
+    pub fn from_mmproj(
+        g: &GgufFile,
+        text_hidden_size: usize,
+        image_token_id: u32,
+    ) -> Result<Lfm3VisionConfig> {
+        let meta = |k: &str| g.meta(k);
+        let n = |k: &str| -> Result<usize> {
+            meta(k)
+                .and_then(MetaValue::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| bad(format!("mmproj: {k} is missing")))
+        };
+        let is_conv = meta("clip.vision.is_conv_layers")
+            .and_then(MetaValue::as_array)
+            .ok_or_else(|| {
+                bad("mmproj: clip.vision.is_conv_layers (one bool per layer) is missing")
+            })?;
+        let attention = is_conv
+            .iter()
+            .map(|x| {
+                x.as_bool()
+                    .map(|c| !c)
+                    .ok_or_else(|| bad("mmproj: clip.vision.is_conv_layers must hold booleans"))
+            })
+            .collect::<Result<Vec<bool>>>()?;
+        let tensor = |name: &str| {
+            g.tensor(name)
+                .ok_or_else(|| bad(format!("mmproj: {name} is missing")))
+        };
+        let n_heads = n("clip.vision.attention.head_count")?;
+        let cfg = Lfm3VisionConfig {
+            hidden_size: n("clip.vision.embedding_length")?,
+            intermediate_size: n("clip.vision.feed_forward_length")?,
+            n_heads,
+            n_kv_heads: n("clip.vision.attention.head_count_kv").unwrap_or(n_heads),
+            patch_size: n("clip.vision.patch_size")?,
+            temporal_patch_size: (1..16)
+                .find(|t| g.tensor(&format!("v.patch_embd.weight.{t}")).is_none())
+                .unwrap_or(16),
+            merge_size: n("clip.vision.spatial_merge_size")?,
+            conv_kernel_size: if attention.iter().all(|&a| a) {
+                3
+            } else {
+                n("clip.vision.conv_kernel_size")?
+            },
+            norm_eps: meta("clip.vision.attention.layer_norm_epsilon")
+                .and_then(MetaValue::as_f64)
+                .unwrap_or(1e-5) as f32,
+            rope_theta: meta("clip.vision.rope.freq_base")
+                .and_then(MetaValue::as_f64)
+                .ok_or_else(|| bad("mmproj: clip.vision.rope.freq_base is missing"))?,
+            image_token_id,
+            projector_hidden_size: tensor("mm.1.weight")?.n_rows(),
+            projector_bias: g.tensor("mm.1.bias").is_some(),
+            text_hidden_size,
+            attention,
+        };
+        cfg.validate(n("clip.vision.block_count")?)?;
+        Ok(cfg)
+    }
+
     fn validate(&self, n_layers: usize) -> Result<()> {
         let dims = [
             self.hidden_size,
@@ -201,6 +265,26 @@ impl Default for PatchProcessor {
 }
 
 impl PatchProcessor {
+    /// The settings an mmproj records (pixel limits, mean and std), the model's patch sizes.
+    pub fn from_mmproj(g: &GgufFile, cfg: &Lfm3VisionConfig) -> PatchProcessor {
+        let mut c = PatchProcessor {
+            patch_size: cfg.patch_size,
+            temporal_patch_size: cfg.temporal_patch_size,
+            merge_size: cfg.merge_size,
+            ..PatchProcessor::default()
+        };
+        let pixels = |k: &str| g.meta(k).and_then(MetaValue::as_u64).map(|v| v as usize);
+        c.min_pixels = pixels("clip.vision.image_min_pixels").unwrap_or(c.min_pixels);
+        c.max_pixels = pixels("clip.vision.image_max_pixels").unwrap_or(c.max_pixels);
+        if let Some(m) = super::meta_triple(g, "clip.vision.image_mean") {
+            c.norm.mean = m;
+        }
+        if let Some(s) = super::meta_triple(g, "clip.vision.image_std") {
+            c.norm.std = s;
+        }
+        c
+    }
+
     /// Read `preprocessor_config.json` or `processor_config.json`; fields not given keep
     /// their defaults.
     pub fn from_json(v: &Value) -> Result<PatchProcessor> {
@@ -467,6 +551,38 @@ fn present(ws: &Weights, names: &[String]) -> Result<String> {
     Ok(names[0].clone())
 }
 
+/// An mmproj's patch embedding, one `[hidden, 3, p, p]` kernel per temporal copy
+/// (`v.patch_embd.weight`, `.weight.1`, as llama.cpp's Qwen2/3-VL mmprojs), as the
+/// checkpoint's `[hidden, 3·t·p·p]` linear map over (channel, time, y, x).
+fn mmproj_patch_embedding(g: &GgufFile, d: usize, p: usize, t: usize) -> Result<Vec<f32>> {
+    let pp = p * p;
+    let mut full = vec![0f32; d * 3 * t * pp];
+    for ti in 0..t {
+        let name = match ti {
+            0 => "v.patch_embd.weight".to_string(),
+            _ => format!("v.patch_embd.weight.{ti}"),
+        };
+        let k = g
+            .tensor(&name)
+            .ok_or_else(|| bad(format!("mmproj: {name} is missing")))?;
+        if k.shape != [d, 3, p, p] {
+            return Err(Error::BadShape {
+                name,
+                got: k.shape.clone(),
+                expected: vec![d, 3, p, p],
+            });
+        }
+        let k = k.to_f32_vec();
+        for o in 0..d {
+            for c in 0..3 {
+                let src = &k[(o * 3 + c) * pp..][..pp];
+                full[o * 3 * t * pp + (c * t + ti) * pp..][..pp].copy_from_slice(src);
+            }
+        }
+    }
+    Ok(full)
+}
+
 impl Tower {
     pub fn load(ws: &Weights, cfg: Lfm3VisionConfig, processor: PatchProcessor) -> Result<Tower> {
         if processor.patch_size != cfg.patch_size
@@ -524,8 +640,13 @@ impl Tower {
         // The temporal copies of a still image are equal: Σ_t W[·, c, t, ·] · x[c, ·].
         let pp = cfg.patch_size * cfg.patch_size;
         let t = cfg.temporal_patch_size;
-        let pname = present(ws, &[format!("{p}.patchifier"), format!("{p}.patch_embed")])?;
-        let full = ws.get_f32(&format!("{pname}.weight"), &[d, 3 * t * pp])?;
+        let full = match &ws.files {
+            WeightFiles::Gguf(g) => mmproj_patch_embedding(g, d, cfg.patch_size, t)?,
+            WeightFiles::Safetensors(_) => {
+                let pname = present(ws, &[format!("{p}.patchifier"), format!("{p}.patch_embed")])?;
+                ws.get_f32(&format!("{pname}.weight"), &[d, 3 * t * pp])?
+            }
+        };
         let mut folded = vec![0f32; d * 3 * pp];
         for (o, row) in folded.chunks_exact_mut(3 * pp).enumerate() {
             for c in 0..3 {

@@ -524,6 +524,38 @@ pub struct ImagePrompt {
     pub reused: usize,
 }
 
+/// The vision models an mmproj can hold.
+enum MmprojKind {
+    Lfm2,
+    Lfm3,
+}
+
+/// An mmproj's model, from `general.architecture` and `clip.projector_type`.
+fn mmproj_projector(g: &crate::loader::gguf::GgufFile) -> Result<MmprojKind> {
+    let s = |k: &str| g.meta(k).and_then(|v| v.as_str());
+    match (s("general.architecture"), s("clip.projector_type")) {
+        (Some("clip"), Some("lfm2")) => Ok(MmprojKind::Lfm2),
+        (Some("clip"), Some("lfm3")) => Ok(MmprojKind::Lfm3),
+        (arch, proj) => Err(Error::Unsupported(format!(
+            "mmproj: architecture {:?}, projector {:?}; lone reads LFM2-VL's (clip, lfm2) and \
+             LFM3-VL's (clip, lfm3)",
+            arch.unwrap_or("none"),
+            proj.unwrap_or("none")
+        ))),
+    }
+}
+
+/// A three-float array of an mmproj's metadata (the image mean and std).
+fn meta_triple(g: &crate::loader::gguf::GgufFile, key: &str) -> Option<[f32; 3]> {
+    let a = g.meta(key)?.as_array()?;
+    let v: Vec<f32> = a
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .map(|x| x as f32)
+        .collect();
+    v.try_into().ok()
+}
+
 /// The image processor's settings in `dir` (`processor_config.json`, then
 /// `preprocessor_config.json`), if either is there.
 fn processor_json(dir: &std::path::Path) -> Result<Option<Value>> {
@@ -593,36 +625,49 @@ impl Vision {
         image_token_id: u32,
     ) -> Result<Vision> {
         let g = crate::loader::gguf::GgufFile::open(path)?;
-        let cfg = VisionConfig::from_mmproj(&g, text_cfg.hidden_size, image_token_id)?;
-        let mut processor = match path.parent().map(processor_json).transpose()?.flatten() {
-            Some(j) => image::ProcessorConfig::from_json(&j)?,
-            None => image::ProcessorConfig::default(),
-        };
-        let three = |k: &str| -> Option<[f32; 3]> {
-            match g.meta(k)? {
-                crate::loader::gguf::MetaValue::Array(a) if a.len() == 3 => {
-                    let v: Vec<f32> = a
-                        .iter()
-                        .filter_map(|x| x.as_f64())
-                        .map(|x| x as f32)
-                        .collect();
-                    v.try_into().ok()
+        let json = path.parent().map(processor_json).transpose()?.flatten();
+        let tower = match mmproj_projector(&g)? {
+            MmprojKind::Lfm2 => {
+                let cfg = VisionConfig::from_mmproj(&g, text_cfg.hidden_size, image_token_id)?;
+                let mut processor = match json {
+                    Some(j) => image::ProcessorConfig::from_json(&j)?,
+                    None => image::ProcessorConfig::default(),
+                };
+                if let Some(m) = meta_triple(&g, "clip.vision.image_mean") {
+                    processor.image_mean = m;
                 }
-                _ => None,
+                if let Some(s) = meta_triple(&g, "clip.vision.image_std") {
+                    processor.image_std = s;
+                }
+                let ws = Weights::open(path, text_cfg, crate::loader::WeightFiles::Gguf(g));
+                Tower::Lfm2(Lfm2Tower::load(&ws, cfg, processor)?)
+            }
+            MmprojKind::Lfm3 => {
+                let cfg =
+                    lfm3::Lfm3VisionConfig::from_mmproj(&g, text_cfg.hidden_size, image_token_id)?;
+                let processor = match json {
+                    Some(j) => lfm3::PatchProcessor::from_json(&j)?,
+                    None => lfm3::PatchProcessor::from_mmproj(&g, &cfg),
+                };
+                let ws = Weights::open(path, text_cfg, crate::loader::WeightFiles::Gguf(g));
+                Tower::Lfm3(lfm3::Tower::load(&ws, cfg, processor)?)
             }
         };
-        if let Some(m) = three("clip.vision.image_mean") {
-            processor.image_mean = m;
-        }
-        if let Some(s) = three("clip.vision.image_std") {
-            processor.image_std = s;
-        }
-        let ws = Weights::open(path, text_cfg, crate::loader::WeightFiles::Gguf(g));
         Ok(Vision {
             image_token_id,
             text_hidden_size: text_cfg.hidden_size,
-            tower: Tower::Lfm2(Lfm2Tower::load(&ws, cfg, processor)?),
+            tower,
             encoded: Default::default(),
+        })
+    }
+
+    /// The image token an mmproj's language model must have: `<image>` for LFM2-VL,
+    /// `<|image_pad|>` for LFM3-VL.
+    pub fn mmproj_marker(path: &std::path::Path) -> Result<&'static str> {
+        let g = crate::loader::gguf::GgufFile::open(path)?;
+        Ok(match mmproj_projector(&g)? {
+            MmprojKind::Lfm2 => IMAGE_MARKER,
+            MmprojKind::Lfm3 => IMAGE_PAD,
         })
     }
 
