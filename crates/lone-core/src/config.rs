@@ -457,6 +457,12 @@ impl ModelConfig {
         let a = g
             .architecture()
             .ok_or_else(|| cfg_err(format!("{path}: no general.architecture")))?;
+        if a == "clip" {
+            return Err(Error::Input(format!(
+                "{path} is an mmproj (the vision side of a vision-language model), not a \
+                 language model: give the language model's GGUF and this file with --mmproj"
+            )));
+        }
         let arch = Arch::from_model_type(a).ok_or_else(|| {
             Error::Unsupported(format!(
                 "{path}: GGUF architecture '{a}' is not supported; lone supports {SUPPORTED}"

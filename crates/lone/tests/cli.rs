@@ -902,6 +902,35 @@ fn inspect_describes_the_files() {
     );
 }
 
+/// A vision-language GGUF pair: `inspect --mmproj` describes the tower (both families, the
+/// description the checkpoint directory gives); an mmproj given as the model says what it is.
+#[test]
+fn inspect_describes_a_gguf_pair() {
+    for fam in ["lfm2_vl", "lfm3_vl"] {
+        let d = fixture(fam);
+        let (gguf, mmproj) = (d.join("model-f32.gguf"), d.join("mmproj-q8_0.gguf"));
+        let pair = lone_json(&[
+            "inspect",
+            "--json",
+            gguf.to_str().unwrap(),
+            "--mmproj",
+            mmproj.to_str().unwrap(),
+        ]);
+        let dir = lone_json(&["inspect", "--json", d.to_str().unwrap()]);
+        assert!(pair["vision"].is_string(), "{fam}: {pair}");
+        assert_eq!(pair["vision"], dir["vision"], "{fam}");
+        let text_only = lone_json(&["inspect", "--json", gguf.to_str().unwrap()]);
+        assert!(text_only["vision"].is_null(), "{fam}");
+        expect_error(
+            lone()
+                .args(["inspect", mmproj.to_str().unwrap()])
+                .output()
+                .unwrap(),
+            "is an mmproj",
+        );
+    }
+}
+
 /// llama.cpp's flag forms, GPU flags ignored with a warning, --version everywhere, and the
 /// error messages for a Hub id, a directory of GGUFs and a missing file (each cause once).
 #[test]

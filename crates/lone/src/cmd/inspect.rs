@@ -30,6 +30,9 @@ pub struct InspectArgs {
     /// Leave out the tensor table (text output).
     #[arg(long)]
     pub no_tensors: bool,
+    /// The vision side of a GGUF language model (an `mmproj` GGUF, as for `lone run`).
+    #[arg(long)]
+    pub mmproj: Option<PathBuf>,
 }
 
 fn layer_summary(model: &Model) -> String {
@@ -53,8 +56,13 @@ fn layer_summary(model: &Model) -> String {
 
 pub fn run(a: InspectArgs) -> Result<()> {
     let path = common::resolve_model(a.model.as_deref())?;
-    let model =
+    let mut model =
         Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
+    if let Some(mm) = &a.mmproj {
+        model
+            .load_mmproj(mm)
+            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
+    }
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let info = model_info(&model, &path);
     let tensors = tensor_table(&model);
@@ -106,6 +114,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         "file_bytes": file_bytes,
         "parts": parts,
         "arch": c.arch.name(),
+        "vision": model.vision.as_ref().map(|v| v.describe()),
         "name": info.name,
         "quant": info.quant,
         "params": info.params,
