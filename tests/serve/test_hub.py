@@ -193,7 +193,8 @@ def test_several_ggufs_without_a_tag_and_no_q4_k_m_says_which_exist(hub, tmp_pat
 def test_a_split_gguf_is_pulled_whole_and_runs_from_its_first_part(hub, tmp_path):
     # The parts as llama-gguf-split writes them (crates/lone/tests/split.rs checks that lone
     # gguf-split writes the same bytes), in a quant folder as Hub repos keep large quants,
-    # beside a single-file quant and a multimodal projector that must not be picked.
+    # beside a single-file quant and a multimodal projector that comes along but is not the
+    # model (a broken one here: --no-mmproj runs the text model without it).
     whole = FIX / "lfm2_a" / "model-q8_0.gguf"
     work = tmp_path / "work"
     work.mkdir()
@@ -211,9 +212,11 @@ def test_a_split_gguf_is_pulled_whole_and_runs_from_its_first_part(hub, tmp_path
     snap = cache / "models--org--split-GGUF" / "snapshots" / commit
     assert path == snap / "Q8_0" / parts[0].name
     assert sorted(q.name for q in (snap / "Q8_0").iterdir()) == [q.name for q in parts]
-    assert not (snap / "mmproj-tiny-Q8_0.gguf").exists()
+    assert (snap / "mmproj-tiny-Q8_0.gguf").exists()
     args = ["--prompt-ids", "1,2,3", "-n", "4", "--ignore-eos", "--json"]
-    got = lone(hub, cache, "run", "--model", "org/split-GGUF:Q8_0", *args)
+    p = lone(hub, cache, "run", "--model", "org/split-GGUF:Q8_0", *args, check=False)
+    assert p.returncode == 1 and "mmproj-tiny-Q8_0.gguf" in p.stderr and "--no-mmproj" in p.stderr
+    got = lone(hub, cache, "run", "--model", "org/split-GGUF:Q8_0", "--no-mmproj", *args)
     want = lone(hub, cache, "run", "--model", str(whole), *args)
     assert json.loads(got.stdout)["generated_ids"] == json.loads(want.stdout)["generated_ids"]
     # Offline, the cached parts resolve the same way.
@@ -266,6 +269,32 @@ def test_offline_mode_uses_only_the_cache(hub, tmp_path):
              check=False)
     assert p.returncode == 1 and "F16" in p.stderr
     assert len(hub.requests) == n
+
+
+def test_a_vision_repo_gives_its_mmproj_and_takes_images(hub, tmp_path):
+    # LFM3-VL's GGUF pair (its mmproj records the processor's settings) as a Hub repo with
+    # projectors of three precisions: the one closest to the model's comes along (as with
+    # llama.cpp's -hf) and `run --image` gives transformers' greedy reply without --mmproj.
+    d = FIX / "lfm3_vl"
+    files = {b"vl-F32.gguf": (d / "model-f32.gguf").read_bytes(), b"README.md": b"# vl\n"}
+    for t in ["f32", "f16", "q8_0"]:
+        files[f"mmproj-vl-{t.upper()}.gguf".encode()] = (d / f"mmproj-{t}.gguf").read_bytes()
+    commit = hub.add("org/vl-GGUF", files)
+    p = lone(hub, tmp_path, "pull", "org/vl-GGUF:F32")
+    snap = tmp_path / "models--org--vl-GGUF" / "snapshots" / commit
+    assert Path(p.stdout.strip()) == snap / "vl-F32.gguf"
+    assert sorted(q.name for q in snap.iterdir()) == ["mmproj-vl-F32.gguf", "vl-F32.gguf"]
+    case = d / "cases" / "one"
+    want = json.loads((case / "greedy_text.json").read_text())
+    args = ["--exact", "--cache-type", "f32", "run", "--model", "org/vl-GGUF:F32", "--chat",
+            "--image", str(d / "images" / "small.png"), "-p", "What is this?", "-n", "12",
+            "--ignore-eos", "--json"]
+    r = lone(hub, tmp_path, *args)
+    assert json.loads(r.stdout)["text"] == want
+    assert "mmproj-vl-F32.gguf" in r.stderr
+    # Text only, on request.
+    p = lone(hub, tmp_path, *args, "--no-mmproj", check=False)
+    assert p.returncode == 1 and "image" in p.stderr
 
 
 def test_a_checkpoint_repo_downloads_what_lone_reads_and_runs(hub, tmp_path):

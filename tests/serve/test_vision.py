@@ -165,6 +165,17 @@ def test_request_log_has_the_images_and_their_encoding_time():
         assert "images_reused" not in reqs[0]
         assert "images" not in reqs[1]
         assert reqs[2]["images"] == 1 and reqs[2]["images_reused"] == 1
+        # The same in /metrics: the three requests' times to first token, the images and the
+        # time they took (the log line's ms, rounded to 0.1 ms).
+        m = {l.split()[0]: float(l.split()[1]) for l in s.get("/metrics").text.splitlines()
+             if l and not l.startswith("#") and "{" not in l}
+        assert m["lone_first_tokens_total"] == 3
+        ttft = sum(r["ttft_ms"] for r in reqs) / 1e3
+        assert abs(m["lone_time_to_first_token_seconds_total"] - ttft) < 1e-3, (m, ttft)
+        assert m["lone_images_total"] == 2 and m["lone_images_reused_total"] == 1
+        enc = (reqs[0]["encode_ms"] + reqs[2]["encode_ms"]) / 1e3
+        assert m["lone_image_encode_seconds_total"] > 0
+        assert abs(m["lone_image_encode_seconds_total"] - enc) < 1e-3, (m, enc)
     finally:
         s.stop()
 

@@ -170,9 +170,94 @@ fn has_tag(f: &str, q: &str) -> bool {
     false
 }
 
-fn is_projector(f: &str) -> bool {
+pub fn is_projector(f: &str) -> bool {
     let name = f.rsplit('/').next().unwrap_or(f);
     name.to_ascii_lowercase().starts_with("mmproj")
+}
+
+/// The bits of a GGUF file name's quant tag, the text after its last `-` (split parts'
+/// `-NNNNN-of-NNNNN` left out): 4 for `…-Q4_K_M.gguf`, 16 for `…-F16.gguf`, 0 without digits
+/// (llama.cpp's rule when it picks an mmproj).
+fn quant_bits(f: &str) -> u32 {
+    let name = f.rsplit('/').next().unwrap_or(f);
+    let stem = name
+        .strip_suffix(".gguf")
+        .or_else(|| name.strip_suffix(".GGUF"))
+        .unwrap_or(name);
+    let digits = |x: &str| !x.is_empty() && x.chars().all(|c| c.is_ascii_digit());
+    let stem = match stem.rsplitn(4, '-').collect::<Vec<_>>()[..] {
+        [n, "of", i, rest] if digits(n) && digits(i) => rest,
+        _ => stem,
+    };
+    let tag = stem.rsplit('-').next().unwrap_or(stem);
+    let digits: String = tag
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
+}
+
+/// The mmproj for the GGUF `model` among a repo's `files`, as llama.cpp's `-hf` picks it: an
+/// `mmproj` GGUF in the model's directory or one above it, the deepest, then the closest in
+/// quant bits to the model (an F16 projector beside an F16 model, say).
+pub fn best_projector<'a>(files: &[&'a str], model: &str) -> Option<&'a str> {
+    let dir_of = |f: &str| -> Vec<String> {
+        let mut parts: Vec<String> = f.split('/').map(str::to_string).collect();
+        parts.pop();
+        parts
+    };
+    let model_dir = dir_of(model);
+    let bits = quant_bits(model);
+    let mut best: Option<(&str, usize, u32)> = None;
+    for &f in files {
+        if !is_projector(f) || !f.to_ascii_lowercase().ends_with(".gguf") {
+            continue;
+        }
+        let d = dir_of(f);
+        if !model_dir.starts_with(&d) {
+            continue;
+        }
+        let diff = quant_bits(f).abs_diff(bits);
+        let better = match best {
+            None => true,
+            Some((_, depth, bd)) => d.len() > depth || (d.len() == depth && diff < bd),
+        };
+        if better {
+            best = Some((f, d.len(), diff));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+/// The mmproj `lone pull` fetched beside a GGUF `model` in the Hub cache (the snapshot it lies
+/// in holds one), if any: a vision-language repo's model then takes images without
+/// `--mmproj`.
+pub fn projector_beside(model: &Path) -> Option<PathBuf> {
+    let name = model.file_name()?.to_string_lossy().into_owned();
+    if !name.to_ascii_lowercase().ends_with(".gguf") || is_projector(&name) {
+        return None;
+    }
+    // The snapshot: the ancestor whose parent is `snapshots` inside a `models--*` directory.
+    let snap = model.ancestors().skip(1).find(|a| {
+        let parent = a.parent();
+        parent
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == "snapshots")
+            && parent
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                .is_some_and(|n| n.to_string_lossy().starts_with("models--"))
+    })?;
+    let rel = model
+        .strip_prefix(snap)
+        .ok()?
+        .to_string_lossy()
+        .into_owned();
+    let mut files = Vec::new();
+    list_files(snap, snap, &mut files);
+    let names: Vec<&str> = files.iter().map(String::as_str).collect();
+    best_projector(&names, &rel).map(|p| snap.join(p))
 }
 
 /// `files`, when they are exactly the parts of one split GGUF (`…-00001-of-0000N.gguf` …),
@@ -208,12 +293,24 @@ fn choose(r: &RepoRef, files: &[&str]) -> Result<(Vec<String>, Option<String>)> 
             None if ggufs.len() == 1 || one_split(&ggufs).is_some() => ggufs.clone(),
             None => pick("Q4_K_M"),
         };
+        // A vision-language repo's mmproj comes along (as with llama.cpp's `-hf`).
+        let with_projector = |mut get: Vec<String>, entry: &str| {
+            if let Some(p) = best_projector(files, entry) {
+                if !get.iter().any(|g| g == p) {
+                    get.push(p.to_string());
+                }
+            }
+            get
+        };
         if let Some(parts) = one_split(&chosen) {
             let first = parts[0].clone();
-            return Ok((parts, Some(first)));
+            return Ok((with_projector(parts, &first), Some(first)));
         }
         return match chosen.as_slice() {
-            [one] => Ok((vec![one.to_string()], Some(one.to_string()))),
+            [one] => Ok((
+                with_projector(vec![one.to_string()], one),
+                Some(one.to_string()),
+            )),
             [] => bail!(
                 "{}: no GGUF file {}; it has: {} (pick one with {}:QUANT)",
                 r.repo,
@@ -635,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn split_files_are_fetched_together_and_projectors_skipped() {
+    fn split_files_are_fetched_together_with_the_projector() {
         let files = [
             "README.md",
             "mmproj-F16.gguf",
@@ -656,13 +753,23 @@ mod tests {
             get,
             [
                 "Q8_0/m-Q8_0-00001-of-00002.gguf",
-                "Q8_0/m-Q8_0-00002-of-00002.gguf"
+                "Q8_0/m-Q8_0-00002-of-00002.gguf",
+                "mmproj-F16.gguf"
             ]
         );
         assert_eq!(entry.as_deref(), Some("Q8_0/m-Q8_0-00001-of-00002.gguf"));
-        let (get, _) = pick(Some("F16")).unwrap();
-        assert_eq!(get, ["m-F16.gguf"], "the projector is not a candidate");
-        assert_eq!(pick(None).unwrap().0, ["m-Q4_K_M.gguf"]);
+        let (get, entry) = pick(Some("F16")).unwrap();
+        assert_eq!(
+            entry.as_deref(),
+            Some("m-F16.gguf"),
+            "the projector is not a candidate"
+        );
+        assert_eq!(
+            get,
+            ["m-F16.gguf", "mmproj-F16.gguf"],
+            "the projector comes along"
+        );
+        assert_eq!(pick(None).unwrap().0, ["m-Q4_K_M.gguf", "mmproj-F16.gguf"]);
         // One split alone needs no tag; an incomplete one is not a split.
         let (get, _) = choose(
             &RepoRef::parse("org/m").unwrap(),
@@ -675,5 +782,61 @@ mod tests {
             &["m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00002-of-00003.gguf"]
         )
         .is_err());
+    }
+
+    /// llama.cpp's choice of mmproj: in the model's directory or above, the deepest, then
+    /// the closest in quant bits; none for a repo without one.
+    #[test]
+    fn the_closest_projector_is_chosen() {
+        assert_eq!(quant_bits("m-Q4_K_M.gguf"), 4);
+        assert_eq!(quant_bits("x/m-BF16-00001-of-00002.gguf"), 16);
+        assert_eq!(quant_bits("mmproj-model-f32.gguf"), 32);
+        assert_eq!(quant_bits("model.gguf"), 0);
+        let files = [
+            "mmproj-F32.gguf",
+            "mmproj-F16.gguf",
+            "mmproj-Q8_0.gguf",
+            "m-Q4_K_M.gguf",
+            "m-F16.gguf",
+            "sub/m-Q8_0.gguf",
+            "sub/mmproj-sub-F32.gguf",
+            "other/mmproj-Q4_0.gguf",
+        ];
+        assert_eq!(
+            best_projector(&files, "m-F16.gguf"),
+            Some("mmproj-F16.gguf")
+        );
+        assert_eq!(
+            best_projector(&files, "m-Q4_K_M.gguf"),
+            Some("mmproj-Q8_0.gguf")
+        );
+        assert_eq!(
+            best_projector(&files, "sub/m-Q8_0.gguf"),
+            Some("sub/mmproj-sub-F32.gguf"),
+            "its own directory first"
+        );
+        assert_eq!(best_projector(&files[3..5], "m-F16.gguf"), None);
+    }
+
+    /// A snapshot's mmproj is found beside the model file (and only in the Hub cache layout).
+    #[test]
+    fn a_pulled_projector_is_found_beside_its_model() {
+        let root = tempfile::tempdir().unwrap();
+        let snap = root.path().join("models--org--m-GGUF/snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in ["m-Q4_K_M.gguf", "mmproj-m-F16.gguf", "mmproj-m-Q8_0.gguf"] {
+            std::fs::write(snap.join(f), b"GGUF").unwrap();
+        }
+        assert_eq!(
+            projector_beside(&snap.join("m-Q4_K_M.gguf")),
+            Some(snap.join("mmproj-m-Q8_0.gguf"))
+        );
+        assert_eq!(projector_beside(&snap.join("mmproj-m-F16.gguf")), None);
+        let plain = root.path().join("plain");
+        std::fs::create_dir_all(&plain).unwrap();
+        for f in ["m-Q4_K_M.gguf", "mmproj-m-F16.gguf"] {
+            std::fs::write(plain.join(f), b"GGUF").unwrap();
+        }
+        assert_eq!(projector_beside(&plain.join("m-Q4_K_M.gguf")), None);
     }
 }

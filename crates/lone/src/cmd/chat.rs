@@ -32,6 +32,8 @@ pub struct ChatArgs {
     /// HF checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the setup step).
     #[arg(long, short)]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub vision: common::MmprojArgs,
     /// System prompt (change it later with /system).
     #[arg(long)]
     pub system: Option<String>,
@@ -495,6 +497,7 @@ fn attach_image(s: &mut Session, file: &str) -> Result<String> {
 pub fn chat(a: ChatArgs) -> Result<()> {
     let path = common::resolve_model(a.model.as_deref())?;
     let mut model = common::load_model(&path, a.threads)?;
+    a.vision.load(&mut model, &path)?;
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     if text.template.is_none() {
         bail!(

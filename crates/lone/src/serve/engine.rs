@@ -78,6 +78,13 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// The counters this engine keeps (the model's `/metrics` series).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+}
+
+impl Engine {
     pub fn start(
         model: Model,
         text: Arc<TextIo>,

@@ -72,6 +72,8 @@ pub struct RequestLog {
     /// Images in the prompt and the time their processing and encoding took.
     /// Images, how many of them reused an earlier encoding, and the encoding time.
     images: Option<(usize, usize, std::time::Duration)>,
+    /// The model's counters, which the request adds to when logged.
+    metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
 }
 
 impl RequestLog {
@@ -102,6 +104,7 @@ impl RequestLog {
             error: None,
             logged: false,
             images: None,
+            metrics: None,
         }
     }
 
@@ -162,6 +165,18 @@ impl RequestLog {
             "error": self.error,
             "prompt": self.prompt,
         });
+        if let Some(m) = &self.metrics {
+            use std::sync::atomic::Ordering::Relaxed;
+            if let Some(t) = ttft {
+                m.first_tokens.fetch_add(1, Relaxed);
+                m.ttft_ns.fetch_add((t * 1e9) as u64, Relaxed);
+            }
+            if let Some((n, reused, t)) = self.images {
+                m.images.fetch_add(n as u64, Relaxed);
+                m.images_reused.fetch_add(reused as u64, Relaxed);
+                m.image_encode_ns.fetch_add(t.as_nanos() as u64, Relaxed);
+            }
+        }
         if let Some((n, reused, t)) = self.images {
             line["images"] = json!(n);
             if reused > 0 {
@@ -176,6 +191,11 @@ impl RequestLog {
     /// encoded in `t`.
     pub fn set_images(&mut self, n: usize, reused: usize, t: std::time::Duration) {
         self.images = Some((n, reused, t));
+    }
+
+    /// Add this request's time to first token and images to `metrics` when it is logged.
+    pub fn count_in(&mut self, metrics: std::sync::Arc<super::metrics::Metrics>) {
+        self.metrics = Some(metrics);
     }
 }
 

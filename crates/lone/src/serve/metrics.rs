@@ -35,6 +35,15 @@ pub struct Metrics {
     pub prompt_cache_bytes: AtomicU64,
     pub prompt_cache_entries: AtomicU64,
     pub prompt_cache_hits: AtomicU64,
+    /// Requests that produced a first token, and the time from their arrival to it summed
+    /// (nanoseconds).
+    pub first_tokens: AtomicU64,
+    pub ttft_ns: AtomicU64,
+    /// Images in prompts, those whose encoding was reused, and the processing + encoding time
+    /// (nanoseconds).
+    pub images: AtomicU64,
+    pub images_reused: AtomicU64,
+    pub image_encode_ns: AtomicU64,
 }
 
 impl Metrics {
@@ -162,6 +171,36 @@ fn model_series(m: &Metrics) -> Vec<Series> {
             "counter",
             "Drafted tokens the model accepted.",
             a.to_string(),
+        ),
+        (
+            "lone_time_to_first_token_seconds_total",
+            "counter",
+            "Seconds from a request's arrival to its first token, summed over the requests that got one.",
+            format!("{:.6}", secs(&m.ttft_ns)),
+        ),
+        (
+            "lone_first_tokens_total",
+            "counter",
+            "Requests that got a first token (the mean time to first token is the sum above over this).",
+            g(&m.first_tokens).to_string(),
+        ),
+        (
+            "lone_images_total",
+            "counter",
+            "Images in prompts.",
+            g(&m.images).to_string(),
+        ),
+        (
+            "lone_images_reused_total",
+            "counter",
+            "Images whose encoding came from an earlier prompt.",
+            g(&m.images_reused).to_string(),
+        ),
+        (
+            "lone_image_encode_seconds_total",
+            "counter",
+            "Seconds spent processing and encoding images.",
+            format!("{:.6}", secs(&m.image_encode_ns)),
         ),
         (
             "lone_draft_acceptance_rate",

@@ -126,10 +126,9 @@ pub struct ServeArgs {
     /// Chat template (Jinja) to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
-    /// llama.cpp's `mmproj` GGUF of a vision-language model (LFM2-VL) served from its language
-    /// model's GGUF: requests may then carry images.
-    #[arg(long, value_name = "FILE")]
-    pub mmproj: Option<PathBuf>,
+    /// The vision side of a GGUF model: requests may then carry images.
+    #[command(flatten)]
+    pub vision: crate::cmd::common::MmprojArgs,
     /// Fetch `http(s)` image URLs in requests (at most 20 MiB each, 10 s), as OpenAI's API
     /// does; off by default, since the server would then reach any address a client names.
     #[arg(long)]
@@ -371,11 +370,7 @@ async fn serve_on(
 
 fn load(a: &ServeArgs, id: &str, path: &std::path::Path, metrics: &Arc<Metrics>) -> Result<Ready> {
     let mut model = common::load_model(path, a.threads)?;
-    if let Some(mm) = &a.mmproj {
-        model
-            .load_mmproj(mm)
-            .with_context(|| format!("cannot load the mmproj {}", mm.display()))?;
-    }
+    a.vision.load(&mut model, path)?;
     if let Some(t) = a.cache_type {
         model.set_kv_type(t)?;
     }
@@ -1176,6 +1171,7 @@ fn start(
         prompt_log,
         t0,
     );
+    log.count_in(ready.engine.metrics());
     if let Some((n, reused, t)) = image_info {
         log.set_images(n, reused, t);
     }

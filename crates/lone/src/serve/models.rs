@@ -155,6 +155,7 @@ fn scan_dir(dir: &Path) -> Result<Vec<PathBuf>> {
                     && p.extension()
                         .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
                     && !file_name(p).contains(".imatrix.")
+                    && !crate::hub::is_projector(&file_name(p))
             }
         })
         .collect();
@@ -176,7 +177,8 @@ impl Registry {
                 Arc::new(Entry {
                     // Until it is loaded: its files' size.
                     bytes: AtomicU64::new(file_bytes(&path)),
-                    vision: a.mmproj.is_some() || lone_core::vision::takes_images(&path),
+                    vision: a.vision.path_for(&path).is_some()
+                        || lone_core::vision::takes_images(&path),
                     id,
                     names,
                     path,
