@@ -1016,9 +1016,10 @@ def _tokenizer_fields(gguf, path: Path) -> dict:
     return {f.name: f.contents() for f in r.fields.values() if f.name.startswith("tokenizer.")}
 
 
-def write_lfm3_ggufs(name: str, src: Path | None = None, types: list[str] | None = None) -> dict:
+def write_lfm3_ggufs(name: str, src: Path | None = None, types: list[str] | None = None,
+                     display: str = "Lfm3") -> dict:
     """``model-{f32,f16,bf16,q8_0}.gguf`` of the lfm3 fixture (or of the lfm3 checkpoint in
-    ``src``, ``types`` of them, written there), written with gguf-py's GGUFWriter
+    ``src``, ``types`` of them, written there, ``general.name`` ``display``), written with gguf-py's GGUFWriter
     (llama.cpp has no LFM3 converter). Metadata and tensor names follow llama.cpp's conventions
     (DEVELOPERS.md); tensor types follow convert_hf_to_gguf.py's rules (1-D tensors, norms and
     the short-conv kernel stay F32, the rest takes the output type). The proportional RoPE of
@@ -1067,7 +1068,7 @@ def write_lfm3_ggufs(name: str, src: Path | None = None, types: list[str] | None
         path = out / f"model-{kind}.gguf"
         w = gguf.GGUFWriter(str(path), "lfm3")
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("Lfm3")
+        w.add_name(display)
         w.add_block_count(n_layers)
         w.add_context_length(cfg["max_position_embeddings"])
         w.add_embedding_length(cfg["hidden_size"])

@@ -569,3 +569,58 @@ fn bad_inputs_fail_with_a_message() {
     assert!(e.contains("cannot convert"), "{e}");
     assert!(!dir.path().join("y.gguf").exists());
 }
+
+/// A vision-language checkpoint: the language model to `-o` and the vision side to
+/// `--mmproj`, as the very bytes of the fixture's pair — LFM2-VL's written by llama.cpp's
+/// converter (`convert_hf_to_gguf.py` and `--mmproj`, F32/F16/Q8_0), LFM3-VL's by
+/// `tests/reference/vision/generate_lfm3_vl.py` (lone's layout: llama.cpp has no LFM3-VL).
+/// The mmproj's type follows `--type` when the converter has it, else F16; `--mmproj` on a
+/// text checkpoint or a GGUF input is an error, and nothing is written.
+#[test]
+fn vision_checkpoints_convert_to_their_gguf_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, mm) = (dir.path().join("lm.gguf"), dir.path().join("mmproj.gguf"));
+    let mut n = 0;
+    for fam in ["lfm2_vl", "lfm3_vl"] {
+        for (ty, mm_type, want_mm) in [
+            ("f32", None, "f32"),
+            ("f32", Some("f16"), "f16"),
+            ("f32", Some("q8_0"), "q8_0"),
+            ("Q4_K_M", None, "f16"),
+        ] {
+            let mut extra = vec!["--mmproj", mm.to_str().unwrap()];
+            if let Some(t) = mm_type {
+                extra.extend(["--mmproj-type", t]);
+            }
+            let got = convert_with(&fixture(fam), &out, ty, &extra);
+            if ty == "f32" {
+                let want = std::fs::read(fixture(fam).join("model-f32.gguf")).unwrap();
+                assert!(got == want, "{fam}: the language model's bytes");
+            }
+            let got = std::fs::read(&mm).unwrap();
+            let want = std::fs::read(fixture(fam).join(format!("mmproj-{want_mm}.gguf"))).unwrap();
+            assert!(
+                got == want,
+                "{fam} {ty} {mm_type:?}: the mmproj ({} bytes, want {}); first difference at {:?}",
+                got.len(),
+                want.len(),
+                got.iter().zip(&want).position(|(a, b)| a != b)
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 8);
+    let _ = std::fs::remove_file(&mm);
+    for (input, msg) in [
+        (fixture("qwen2"), "no vision side"),
+        (
+            fixture("lfm2_vl").join("model-f32.gguf"),
+            "checkpoint directory",
+        ),
+    ] {
+        let o = convert_output(&input, &out, "f16", &["--mmproj", mm.to_str().unwrap()]);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && e.contains(msg), "{e}");
+        assert!(!mm.exists());
+    }
+}

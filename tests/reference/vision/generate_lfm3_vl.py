@@ -200,7 +200,7 @@ def main() -> None:
 # The GGUF pair. llama.cpp has neither LFM3 nor LFM3-VL: the language model is written as the
 # lfm3 text fixture's GGUFs are (generate.py's write_lfm3_ggufs), the vision side as an mmproj
 # in llama.cpp's conventions (DEVELOPERS.md "LFM3-VL in GGUF"; this function is its executable
-# spec, `lone convert --mmproj` writes the same bytes).
+# spec: `lone convert --mmproj` writes the same bytes).
 
 MMPROJ_TYPES = ["f32", "f16", "q8_0"]
 
@@ -273,8 +273,13 @@ def write_mmproj(kind: str, gguf) -> dict:
     ftypes = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
     path = OUT / f"mmproj-{kind}.gguf"
+    tensors = mmproj_tensors(sd, cfg, kind, gguf)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_type(gguf.GGUFType.MMPROJ)
+    # general.name and the size label as llama.cpp's converter derives them (the checkpoint's
+    # directory name; the parameters written)
+    w.add_name("Lfm3_Vl")
+    w.add_size_label(gguf.size_label(sum(x.size for _, x, _ in tensors), 0, 0, 0))
     w.add_file_type(ftypes[kind])
     w.add_clip_has_vision_encoder(True)
     w.add_vision_projection_dim(cfg["text_config"]["hidden_size"])
@@ -297,8 +302,9 @@ def write_mmproj(kind: str, gguf) -> dict:
     w.add_array("clip.vision.is_conv_layers", [t == "conv" for t in vc["layer_types"]])
     w.add_uint32("clip.vision.conv_kernel_size", vc["conv_kernel_size"])
     w.add_float32("clip.vision.rope.freq_base", vc["rope_parameters"]["rope_theta"])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     back = {}
-    for name, x, qt in mmproj_tensors(sd, cfg, kind, gguf):
+    for name, x, qt in tensors:
         q = gguf.quants.quantize(x, qt)
         w.add_tensor(name, q, raw_dtype=qt)
         back[name] = gguf.quants.dequantize(q, qt).reshape(x.shape)
@@ -348,7 +354,8 @@ def write_ggufs() -> None:
         save_file(lm, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(OUT / f, tmp / f)
-        TEXT.write_lfm3_ggufs("lfm3_vl", src=tmp, types=["f32"])
+        # general.name as llama.cpp's converter derives it from the checkpoint's directory
+        TEXT.write_lfm3_ggufs("lfm3_vl", src=tmp, types=["f32"], display="Lfm3_Vl")
         shutil.copy(tmp / "model-f32.gguf", OUT / "model-f32.gguf")
 
     from transformers import AutoModelForImageTextToText, AutoProcessor

@@ -178,17 +178,23 @@ pub fn plan(dir: &Path, ftype: FileType, opts: &Options) -> Result<Plan> {
     if arch == Arch::Lfm3 {
         tensors.push(lfm3_rope_freqs(&cfg));
     }
-    for name in st.ordered_names() {
-        if name.ends_with(".attention.masked_bias")
-            || name.ends_with(".attention.bias")
-            || name.ends_with(".rotary_emb.inv_freq")
+    for hf_name in st.ordered_names() {
+        if hf_name.ends_with(".attention.masked_bias")
+            || hf_name.ends_with(".attention.bias")
+            || hf_name.ends_with(".rotary_emb.inv_freq")
+            || super::mmproj::is_vision_tensor(hf_name)
         {
             continue;
         }
         let mut source = st
-            .get(name)
+            .get(hf_name)
             .cloned()
-            .ok_or_else(|| Error::Config(format!("tensor '{name}' vanished")))?;
+            .ok_or_else(|| Error::Config(format!("tensor '{hf_name}' vanished")))?;
+        // A vision-language checkpoint's language model (its vision side: `convert::mmproj`).
+        let lm_name = hf_name
+            .strip_prefix("model.language_model.")
+            .map(|rest| format!("model.{rest}"));
+        let name = lm_name.as_deref().unwrap_or(hf_name);
         if let Some(what) = expert_tensor(name) {
             let moe = cfg.moe().ok_or_else(|| {
                 Error::Unsupported(format!("'{name}': experts in a {} checkpoint", arch.name()))
@@ -450,6 +456,18 @@ fn general_names(
             }
         }
     }
+    authorship(plan, dir, total_params, size_label);
+    Ok(())
+}
+
+/// `general.*` of the authorship the model card, `_name_or_path` and the directory name give
+/// (gguf-py's heuristics, [`card`]) and the size label (`None`: none).
+pub(super) fn authorship(
+    plan: &mut Plan,
+    dir: &Path,
+    total_params: u64,
+    size_label: Option<String>,
+) {
     let dir_name = dir
         .canonicalize()
         .ok()
@@ -477,7 +495,6 @@ fn general_names(
         };
         plan.set(&k, v);
     }
-    Ok(())
 }
 
 /// LFM3's proportional RoPE as per-pair frequency divisors: 1 for the rotated pairs, 1e30

@@ -14,6 +14,7 @@
 pub mod card;
 pub mod hf;
 pub mod mix;
+pub mod mmproj;
 pub mod naming;
 mod pre_table;
 pub mod search;

@@ -558,7 +558,7 @@ fn meta_triple(g: &crate::loader::gguf::GgufFile, key: &str) -> Option<[f32; 3]>
 
 /// The image processor's settings in `dir` (`processor_config.json`, then
 /// `preprocessor_config.json`), if either is there.
-fn processor_json(dir: &std::path::Path) -> Result<Option<Value>> {
+pub(crate) fn processor_json(dir: &std::path::Path) -> Result<Option<Value>> {
     for name in ["processor_config.json", "preprocessor_config.json"] {
         let path = dir.join(name);
         if path.is_file() {

@@ -64,6 +64,15 @@ pub struct ConvertArgs {
     /// `llama-quantize --keep-split` (a one-part input gives `OUT-00001-of-00001.gguf`).
     #[arg(long, conflicts_with_all = ["split_max_tensors", "split_max_size", "no_tensor_first_split"])]
     pub keep_split: bool,
+    /// Also write the vision side of a vision-language checkpoint (LFM2-VL as llama.cpp's
+    /// `convert_hf_to_gguf.py --mmproj` writes it; LFM3-VL in lone's layout) to this mmproj
+    /// GGUF, beside the language model written to --out.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// The mmproj's type: F32, F16, BF16 or Q8_0 [default: --type when it is one of those,
+    /// else F16].
+    #[arg(long, value_parser = parse_type, requires = "mmproj")]
+    pub mmproj_type: Option<FileType>,
 }
 
 /// Writing the output as a split GGUF (llama-gguf-split's options).
@@ -145,6 +154,29 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // The vision side first: a checkpoint that has none fails before any other work.
+    let mmproj = match &a.mmproj {
+        None => None,
+        Some(path) => {
+            if !a.input.is_dir() {
+                bail!(
+                    "--mmproj needs a vision-language checkpoint directory, not {}",
+                    a.input.display()
+                );
+            }
+            if path.exists() && !a.force {
+                bail!("{} exists; pass --force to overwrite it", path.display());
+            }
+            let t = a.mmproj_type.unwrap_or(if a.out_type.is_converter_type() {
+                a.out_type
+            } else {
+                FileType::F16
+            });
+            let plan = lone_core::convert::mmproj::plan(&a.input, t)
+                .with_context(|| format!("cannot write the mmproj of {}", a.input.display()))?;
+            Some((path.clone(), plan, t))
+        }
+    };
     let opts = hf::Options {
         tokenizer_pre: a.tokenizer_pre.clone(),
     };
@@ -269,6 +301,19 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         plan.tensor_bytes() as f64 * 8.0 / params.max(1) as f64,
         start.elapsed().as_secs_f64()
     );
+    if let Some((path, plan, t)) = mmproj {
+        let written = write_parts(&[(path.clone(), plan.clone())], threads)?;
+        eprintln!(
+            "wrote {}: {} mmproj ({}), {} tensors, {:.1} MiB",
+            path.display(),
+            t.name(),
+            plan.get("clip.projector_type")
+                .and_then(|v| v.as_str())
+                .unwrap_or("?"),
+            plan.tensors.len(),
+            written as f64 / (1 << 20) as f64,
+        );
+    }
     Ok(())
 }
 
