@@ -4,6 +4,7 @@ fixtures and ../shared's real configs and templates. Needs gguf-py (llama.cpp's,
 numpy and safetensors. The whole fixture GGUFs are not copied: scripts/fuzz.sh and
 crates/lone/tests/fuzz.rs add tests/reference/fixtures/*/model-*.gguf at run time."""
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -118,6 +119,16 @@ def request_seeds():
                                                                           "stop": ["x"], "repeat_penalty": 1.1},
                    "format": {"type": "object", "properties": {"a": {"type": "string"}}}, "stream": False},
     }
+    # Images as each front end sends them: OpenAI image_url data URLs, ollama base64
+    # `images`, Anthropic base64 `image` blocks (a 1×1 PNG).
+    png = base64.b64encode((ROOT / "tests" / "reference" / "vision" / "images" / "one_1x1.png").read_bytes()).decode()
+    reqs["chat-image"] = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "text", "text": "What is this?"}]}], "max_tokens": 4}
+    reqs["ollama-image"] = {"model": "m", "messages": [{"role": "user", "content": "x", "images": [png]}]}
+    reqs["anthropic-image"] = {"model": "c", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": "x"}]}]}
     for k, v in reqs.items():
         (d / f"{k}.json").write_text(json.dumps(v))
 

@@ -2,8 +2,9 @@
 //! stable-toolchain run (`crates/lone/tests/fuzz.rs`): arbitrary bytes as the body of every
 //! generation endpoint, through everything a handler does before it queues sequences — JSON,
 //! typed fields, sampling settings, speculation overrides, messages and roles, tools and
-//! response formats (grammar compilation), the chat template, tokenization, the Anthropic and
-//! ollama conversions. Must return (an error is fine), never panic or hang.
+//! response formats (grammar compilation), image parts (data URLs and base64 decoded as images),
+//! the chat template, tokenization, the Anthropic and ollama conversions. Must return (an error
+//! is fine), never panic or hang.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -67,6 +68,14 @@ impl RequestFuzz {
         };
         if let Ok(f) = openai::fields::<openai::ChatFields>(v) {
             if let Ok(msgs) = openai::normalize_messages(&f.messages) {
+                // The images every adapter's parts become, decoded as a handler decodes them
+                // (URLs are not fetched here).
+                for r in openai::message_images(&msgs)
+                    .iter()
+                    .take(super::images::MAX_IMAGES)
+                {
+                    let _ = super::images::decode_one(r, false);
+                }
                 let msgs = tools::template_messages(&self.tools, msgs, &plan);
                 if let Ok(p) =
                     self.text

@@ -86,7 +86,7 @@ pub fn decode_all(ready: &Ready, refs: &[String]) -> Result<Vec<image::Rgb8>, Ap
     })
 }
 
-fn decode_one(r: &str, fetch_urls: bool) -> Result<image::Rgb8, String> {
+pub(super) fn decode_one(r: &str, fetch_urls: bool) -> Result<image::Rgb8, String> {
     let r = r.trim();
     if r.starts_with("http://") || r.starts_with("https://") {
         if !fetch_urls {
