@@ -180,7 +180,9 @@ pub(super) async fn messages(
         Ok(v) => v,
         Err(e) => return err(e),
     };
-    let req = match openai_request(&v, false) {
+    let req = match openai_request(&v, false)
+        .and_then(|r| super::request::GenerationRequest::from_openai(&r, Kind::Chat))
+    {
         Ok(r) => r,
         Err(e) => return err(e),
     };
@@ -194,7 +196,7 @@ pub(super) async fn messages(
         mut rx,
         mut log,
         ..
-    } = match start(&st.log, &ready, &req, Kind::Chat, "/v1/messages", t0) {
+    } = match start(&st.log, &ready, &req, "/v1/messages", t0) {
         Ok(s) => s,
         Err(e) => return err(e),
     };
@@ -314,7 +316,8 @@ pub(super) async fn count_tokens(
         let body = body_json(body)?;
         let ready = st.model(&body).await?;
         let v = openai_request(&body, true)?;
-        let (msgs, plan) = chat_messages(&ready, &v)?;
+        let req = super::request::GenerationRequest::chat_prompt(&v)?;
+        let (msgs, plan) = chat_messages(&ready, &req)?;
         let prompt = render_chat(&ready, &msgs, &plan)?;
         let ids = ready.text.tokenizer.encode(&prompt, false).map_err(|e| {
             ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}"))

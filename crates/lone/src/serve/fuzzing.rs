@@ -12,7 +12,8 @@ use std::sync::Arc;
 use lone_core::text::TextIo;
 use serde_json::{Map, Value};
 
-use super::openai::{self, Prompt};
+use super::openai::{self, Kind, Prompt};
+use super::request::{GenerationRequest, Input};
 use super::{anthropic, ollama, tools};
 
 /// A loaded tokenizer and template to parse requests against (the model itself is not run).
@@ -55,39 +56,35 @@ impl RequestFuzz {
 
     /// What `start` checks and builds for a chat and a completions request.
     fn openai(&self, v: &Value) {
-        let Ok(common) = openai::fields::<openai::Common>(v) else {
-            return;
-        };
-        let _ = common.settings(self.vocab);
-        let _ = common.spec_params(&Default::default(), false);
-        let Ok(tf) = openai::fields::<tools::ToolFields>(v) else {
-            return;
-        };
-        let Ok(plan) = tools::plan(&self.tools, &tf) else {
-            return;
-        };
-        if let Ok(f) = openai::fields::<openai::ChatFields>(v) {
-            if let Ok(msgs) = openai::normalize_messages(&f.messages) {
-                // The images every adapter's parts become, decoded as a handler decodes them
-                // (URLs are not fetched here).
-                for r in openai::message_images(&msgs)
-                    .iter()
-                    .take(super::images::MAX_IMAGES)
-                {
-                    let _ = super::images::decode_one(r, false);
+        for kind in [Kind::Chat, Kind::Completion] {
+            let Ok(req) = GenerationRequest::from_openai(v, kind) else {
+                continue;
+            };
+            let _ = req.common.settings(self.vocab);
+            let _ = req.common.spec_params(&Default::default(), false);
+            let Ok(plan) = tools::plan(&self.tools, &req.tools) else {
+                continue;
+            };
+            match &req.input {
+                Input::Chat { images, .. } => {
+                    // Decoded as a handler decodes them (URLs are not fetched here).
+                    for r in images.iter().take(super::images::MAX_IMAGES) {
+                        let _ = super::images::decode_one(r, false);
+                    }
+                    let msgs =
+                        tools::template_messages(&self.tools, req.messages().to_vec(), &plan);
+                    if let Ok(p) =
+                        self.text
+                            .render_chat_tools(&msgs, true, plan.template_tools.as_ref())
+                    {
+                        let _ = self.text.tokenizer.encode(&p, false);
+                    }
                 }
-                let msgs = tools::template_messages(&self.tools, msgs, &plan);
-                if let Ok(p) =
-                    self.text
-                        .render_chat_tools(&msgs, true, plan.template_tools.as_ref())
-                {
-                    let _ = self.text.tokenizer.encode(&p, false);
+                Input::Completion { prompt, .. } => {
+                    if let Prompt::Text(s) = prompt {
+                        let _ = self.text.encode_raw(s);
+                    }
                 }
-            }
-        }
-        if let Ok(f) = openai::fields::<openai::CompletionFields>(v) {
-            if let Prompt::Text(s) = &f.prompt {
-                let _ = self.text.encode_raw(s);
             }
         }
     }

@@ -164,7 +164,8 @@ impl Local {
 
     /// The prompt a chat request's `messages` (and `tools`) render to with the chat template.
     pub fn apply_template(&self, body: &Value) -> Result<String, ApiError> {
-        let (msgs, plan) = super::chat_messages(&self.ready, body)?;
+        let req = super::request::GenerationRequest::chat_prompt(body)?;
+        let (msgs, plan) = super::chat_messages(&self.ready, &req)?;
         super::render_chat(&self.ready, &msgs, &plan)
     }
 
@@ -179,7 +180,13 @@ impl Local {
             stream,
             rx,
             log,
-        } = start(&self.log, &self.ready, body, kind, endpoint, Instant::now())?;
+        } = start(
+            &self.log,
+            &self.ready,
+            &super::request::GenerationRequest::from_openai(body, kind)?,
+            endpoint,
+            Instant::now(),
+        )?;
         let (chunker, pending) = if stream {
             let c = Chunker::new(meta.clone(), self.ready.text.clone());
             let first = c.start().into();

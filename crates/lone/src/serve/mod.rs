@@ -16,6 +16,7 @@ pub mod metrics;
 mod models;
 mod ollama;
 pub mod openai;
+pub mod request;
 pub mod tools;
 mod transport;
 
@@ -811,7 +812,8 @@ async fn apply_template(
     let run = async || -> Result<Value, ApiError> {
         let v = body_json(body)?;
         let ready = st.model(&v).await?;
-        let (msgs, plan) = chat_messages(&ready, &v)?;
+        let req = request::GenerationRequest::chat_prompt(&v)?;
+        let (msgs, plan) = chat_messages(&ready, &req)?;
         Ok(json!({ "prompt": render_chat(&ready, &msgs, &plan)? }))
     };
     match run().await {
@@ -832,12 +834,15 @@ fn render_chat(ready: &Ready, msgs: &[Value], plan: &tools::ChatPlan) -> Result<
 }
 
 /// A chat request's messages as the template gets them, and what its tools ask for.
-fn chat_messages(ready: &Ready, v: &Value) -> Result<(Vec<Value>, tools::ChatPlan), ApiError> {
-    let f: openai::ChatFields = openai::fields(v)?;
-    let tool_fields: tools::ToolFields = openai::fields(v)?;
-    let plan = tokio::task::block_in_place(|| tools::plan(&ready.tools, &tool_fields))?;
-    let msgs = openai::normalize_messages(&f.messages)?;
-    Ok((tools::template_messages(&ready.tools, msgs, &plan), plan))
+/// The messages as the template gets them (tools and tool calls written in) and the plan
+/// for the reply (tool calls, grammar, reasoning), for the request's model.
+fn chat_messages(
+    ready: &Ready,
+    req: &request::GenerationRequest,
+) -> Result<(Vec<Value>, tools::ChatPlan), ApiError> {
+    let plan = tokio::task::block_in_place(|| tools::plan(&ready.tools, &req.tools))?;
+    let msgs = tools::template_messages(&ready.tools, req.messages().to_vec(), &plan);
+    Ok((msgs, plan))
 }
 
 async fn chat_completions(
@@ -895,12 +900,13 @@ async fn handle(
         Kind::Completion => "/v1/completions",
     };
     let ready = st.model(&v).await?;
+    let req = request::GenerationRequest::from_openai(&v, kind)?;
     let Started {
         meta,
         stream,
         mut rx,
         mut log,
-    } = start(&st.log, &ready, &v, kind, endpoint, t0)?;
+    } = start(&st.log, &ready, &req, endpoint, t0)?;
     if stream {
         return Ok(stream_response(meta, ready.text.clone(), rx, log));
     }
@@ -922,44 +928,34 @@ struct Started {
     pub log: log::RequestLog,
 }
 
-/// Validate an OpenAI-shaped request (chat or completions) and submit its sequences.
+/// Check a request against its model and submit its sequences.
 fn start(
     log_cfg: &log::LogConfig,
     ready: &Ready,
-    v: &Value,
-    kind: Kind,
+    req: &request::GenerationRequest,
     endpoint: &'static str,
     t0: std::time::Instant,
 ) -> Result<Started, ApiError> {
+    use request::Input;
+    let kind = req.kind;
     let mut prompt_log: Option<String> = None;
-    let v = v.clone();
-    let common: openai::Common = openai::fields(&v)?;
+    let common = &req.common;
     let settings = common.settings(ready.vocab)?;
     let spec = common.spec_params(&ready.spec_default, ready.has_draft)?;
     let text = &ready.text;
 
-    // Prompts (several for a completions list) and logprobs.
-    // Chat: the messages as the template gets them; both: the grammar the output follows.
-    let (msgs, mut plan) = match kind {
-        Kind::Chat => {
-            let (m, p) = chat_messages(ready, &v)?;
-            (m, p)
-        }
-        Kind::Completion => {
-            let tool_fields: tools::ToolFields = openai::fields(&v)?;
-            let p = tokio::task::block_in_place(|| tools::plan(&ready.tools, &tool_fields))?;
-            if p.template_tools.is_some() {
-                return Err(bad_request("tools", "'tools' are for /v1/chat/completions"));
-            }
-            (Vec::new(), p)
-        }
-    };
-    let images = images::decode_all(ready, &openai::message_images(&msgs))?;
+    // Prompts (several for a completions list) and logprobs; chat: the messages as the
+    // template gets them; both: the grammar the output follows.
     let mut embeds = None;
     let mut image_info = None;
-    let (prompts, logprobs): (Vec<Vec<u32>>, Option<usize>) = match kind {
-        Kind::Chat => {
-            let f: openai::ChatFields = openai::fields(&v)?;
+    let (prompts, logprobs, plan): (Vec<Vec<u32>>, Option<usize>, tools::ChatPlan) = match &req
+        .input
+    {
+        Input::Chat {
+            images, logprobs, ..
+        } => {
+            let (msgs, mut plan) = chat_messages(ready, req)?;
+            let images = images::decode_all(ready, images)?;
             let prompt_text = render_chat(ready, &msgs, &plan)?;
             let ids = if images.is_empty() {
                 tokio::task::block_in_place(|| text.tokenizer.encode(&prompt_text, false)).map_err(
@@ -974,63 +970,32 @@ fn start(
             if log_cfg.prompts {
                 prompt_log = Some(prompt_text.clone());
             }
-            // A template that opens the reasoning block (`<think>` at the end of the prompt):
-            // the reply starts inside it.
+            // A template that opens the reasoning block (`<think>` at the end of the
+            // prompt): the reply starts inside it.
             plan.reply.starts_thinking = prompt_text.trim_end().ends_with("<think>");
-            let lp = match (f.logprobs.unwrap_or(false), f.top_logprobs) {
-                (_, Some(k)) if k > openai::MAX_TOP_LOGPROBS => {
-                    return Err(openai::ApiError::invalid(
-                        "top_logprobs",
-                        format!(
-                            "'top_logprobs' must be between 0 and {}",
-                            openai::MAX_TOP_LOGPROBS
-                        ),
-                    ))
-                }
-                (false, Some(k)) if k > 0 => {
-                    return Err(openai::ApiError::invalid(
-                        "top_logprobs",
-                        "'top_logprobs' needs 'logprobs': true",
-                    ))
-                }
-                (true, k) => Some(k.unwrap_or(0) as usize),
-                (false, _) => None,
-            };
-            (vec![ids], lp)
+            (vec![ids], *logprobs, plan)
         }
-        Kind::Completion => {
-            let f: openai::CompletionFields = openai::fields(&v)?;
-            if f.echo.unwrap_or(false) {
-                return Err(openai::ApiError::invalid("echo", "'echo' is not supported"));
+        Input::Completion { prompt, logprobs } => {
+            let plan = tokio::task::block_in_place(|| tools::plan(&ready.tools, &req.tools))?;
+            if plan.template_tools.is_some() {
+                return Err(bad_request("tools", "'tools' are for /v1/chat/completions"));
             }
-            let lp = match f.logprobs {
-                Some(k) if k > openai::MAX_TOP_LOGPROBS => {
-                    return Err(openai::ApiError::invalid(
-                        "logprobs",
-                        format!(
-                            "'logprobs' must be between 0 and {}",
-                            openai::MAX_TOP_LOGPROBS
-                        ),
-                    ))
-                }
-                k => k.map(|k| k as usize),
-            };
             let encode = |s: &str| {
                 tokio::task::block_in_place(|| text.encode_raw(s))
                     .map_err(|e| bad_request("prompt", format!("cannot tokenize the prompt: {e}")))
             };
-            let prompts = match f.prompt {
+            let prompts = match prompt {
                 Prompt::Text(s) => {
                     if log_cfg.prompts {
                         prompt_log = Some(s.clone());
                     }
-                    vec![encode(&s)?]
+                    vec![encode(s)?]
                 }
                 Prompt::Texts(v) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
-                Prompt::Ids(ids) => vec![ids],
-                Prompt::IdLists(l) => l,
+                Prompt::Ids(ids) => vec![ids.clone()],
+                Prompt::IdLists(l) => l.clone(),
             };
-            (prompts, lp)
+            (prompts, *logprobs, plan)
         }
     };
     if prompts.is_empty() {

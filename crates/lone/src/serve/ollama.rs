@@ -217,7 +217,9 @@ async fn run(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -
         mut rx,
         mut log,
         ..
-    } = match start(&st.log, &ready, &Value::Object(req), kind, endpoint, t0) {
+    } = match super::request::GenerationRequest::from_openai(&Value::Object(req), kind)
+        .and_then(|req| start(&st.log, &ready, &req, endpoint, t0))
+    {
         Ok(s) => s,
         Err(e) => return err(e),
     };
