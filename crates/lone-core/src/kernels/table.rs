@@ -367,35 +367,10 @@ macro_rules! weight_format {
     };
 }
 
-/// A format's bit-exact row dequantizer from the scalar reference: the f32 GEMM's `deq` on
-/// aarch64 for the codebook i-quants, which have no NEON kernels yet.
-#[cfg(target_arch = "aarch64")]
-macro_rules! reference_deq {
-    ($name:ident, $dtype:ident) => {{
-        /// # Safety
-        /// [`DeqFn`]'s contract.
-        unsafe fn $name(src: *const u8, dst: *mut f32, k: usize) {
-            let bytes = DType::$dtype
-                .bytes_for(k)
-                .expect("weight rows are whole blocks (checked by matmul)");
-            // SAFETY: the DeqFn contract: `bytes` bytes at `src`, `k` f32 at `dst`.
-            let (w, y) = unsafe {
-                (
-                    std::slice::from_raw_parts(src, bytes),
-                    std::slice::from_raw_parts_mut(dst, k),
-                )
-            };
-            quant::reference::dequantize_row(DType::$dtype, w, y)
-                .expect("weight rows are whole blocks (checked by matmul)");
-        }
-        $name as DeqFn
-    }};
-}
-
 /// A codebook i-quant or ternary format: on x86, sub-blocks of 32 decoded to signed codes
 /// with their scales (`x86::iqgrid`), multiplied against Q8_1 activations row by row (8-bit)
-/// or widened to f32 (exact, and the f32 GEMM's row dequantizer); the scalar reference on
-/// aarch64 for now.
+/// or widened to f32 (exact, and the f32 GEMM's row dequantizer); on aarch64 likewise from
+/// super-blocks decoded to groups of 16 in NEON (`neon::iqgrid`), its kernels named `$fast`.
 macro_rules! grid_format {
     ($dtype:ident, $fast:ident, $exact:ident, $deq:ident, $mat:ident, $dec:ident) => {
         Format {
@@ -410,12 +385,7 @@ macro_rules! grid_format {
                 predecode: predecoded!($mat, $dec),
             },
             #[cfg(target_arch = "aarch64")]
-            arm: neon::ArmKernels {
-                exact: scalar_rows,
-                deq: Some(reference_deq!($deq, $dtype)),
-                fast: None,
-                pairs: [None; 2],
-            },
+            arm: arm!($fast, 8bit: Q8_1),
         }
     };
 }
@@ -473,7 +443,8 @@ pub(super) const FORMATS: &[Format] = &[
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
     // The i-quants: 8-bit kernels on x86 (32-element blocks of signed levels against Q8_1
-    // activations, row by row); exact kernels only on aarch64 so far.
+    // activations, row by row); IQ4_NL and IQ4_XS have exact kernels only on aarch64 so far,
+    // the codebook and ternary formats (`grid_format!`) 8-bit ones too.
     with_predecode!(
         weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl,
         deq: Some(both!(deq_iq4_nl, DeqFn)), fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)),

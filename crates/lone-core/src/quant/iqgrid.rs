@@ -252,7 +252,10 @@ pub(crate) fn set_scale(dtype: crate::tensor::DType, b: &mut [u8], d: f32) -> bo
 }
 
 /// The 8 sign bits of a byte as a byte mask per element (bit j set: byte j is 0xff).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 const fn byte_mask(bits: u8) -> u64 {
     let mut m = 0u64;
     let mut j = 0;
@@ -267,7 +270,10 @@ const fn byte_mask(bits: u8) -> u64 {
 
 /// [`KSIGNS_IQ2XS`] as byte masks: entry i is the mask of `i` with bit 7 set when `i` has an
 /// odd number of bits (the table's rule, checked by a test against the table itself).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) static KSIGN_MASKS: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;

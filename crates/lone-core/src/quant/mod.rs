@@ -27,15 +27,16 @@ mod weighted;
 
 /// The per-block reference dequantizers and scale unpacking, for the SIMD kernels to inline.
 pub(crate) mod reference_blocks {
-    /// The codebook i-quants' grids and sign masks (x86's 8-bit kernels decode with them).
-    #[cfg(target_arch = "x86_64")]
+    /// The codebook i-quants' grids and sign masks (the x86 and aarch64 kernels decode with
+    /// them).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(crate) use super::iq_tables::{
         IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
     };
     /// Test data: a finite scale in a random block of those formats.
     #[cfg(test)]
     pub(crate) use super::iqgrid::set_scale;
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(crate) use super::iqgrid::{iq2_scales, KSIGN_MASKS};
     /// The i-quants' levels, which the SIMD kernels look their indices up in.
     pub(crate) use super::iquants::KVALUES_IQ4NL;

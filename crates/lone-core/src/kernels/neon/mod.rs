@@ -7,12 +7,15 @@
 //! - an **exact** matrix-vector kernel (f32 activations): float formats widened in registers
 //!   (`fcvtl` for F16, a shift for BF16), the 32-element formats decoded to bytes in NEON and
 //!   scaled exactly as the reference dequantizer does (`q·d`, or `q·d + m` as a separate
-//!   multiply and add), the K-quants likewise per group of 16 (`dl·q - ml`); all FMA'd with
-//!   up to 4 activation rows per weight load (`exact`, `float`);
-//! - for the formats llama.cpp pairs with 8-bit activations (here Q2_K and Q3_K too), an
-//!   **8-bit** matrix-vector kernel
-//!   (`int8`): integer dot products of the weight codes with Q8_1 / Q8_K activation blocks,
-//!   one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with dotprod;
+//!   multiply and add), the K-quants likewise per group of 16 (`dl·q - ml`), the codebook
+//!   i-quants and ternary formats too (`iqgrid`: grid rows and sign masks looked up into
+//!   signed codes); all FMA'd with up to 4 activation rows per weight load (`exact`, `float`);
+//! - for the formats llama.cpp pairs with 8-bit activations (here Q2_K and Q3_K too), and the
+//!   codebook i-quants and ternary formats (against Q8_1 as on x86), an **8-bit**
+//!   matrix-vector kernel
+//!   (`int8`, `iqgrid`): integer dot products of the weight codes with Q8_1 / Q8_K activation
+//!   blocks, one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with
+//!   dotprod;
 //!   at the dotprod level the formats with a rows-by-8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //!   Q2_K, Q3_K, Q6_K) take it (`rows8`: `sdot` by element over 4 interleaved rows);
 //! - for several activation rows of the 32-element formats, kernels over activations
@@ -68,6 +71,7 @@ mod exact;
 mod float;
 mod gemm;
 mod int8;
+mod iqgrid;
 pub(in crate::kernels) mod pairs;
 mod rows8;
 pub(in crate::kernels) mod vec;
@@ -77,6 +81,7 @@ use float::*;
 use gemm::{deq_float, deq_k, deq_legacy};
 pub(in crate::kernels) use gemm::{gemm, gemm_narrow, TB};
 use int8::*;
+use iqgrid::*;
 use pairs::{legacy_pairs, PairMmla, PairSdot};
 use rows8::*;
 
@@ -90,7 +95,8 @@ pub(in crate::kernels) struct ArmKernels {
     /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], each with whether it reads
     /// the rows-by-8 layout ([`crate::kernels::packed`]), and the activation format they take:
     /// llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants, Q2_K and
-    /// Q3_K included, which have no 8-bit kernels on x86).
+    /// Q3_K included, which have no 8-bit kernels on x86), Q8_1 for the codebook i-quants and
+    /// ternary formats (x86's pairing: llama.cpp takes Q8_K).
     pub(in crate::kernels) fast: Option<([(MatFn, bool); 2], DType)>,
     /// The 8-bit kernels for several activation rows in the pair layout ([`pairs`]), over
     /// the rows-by-8 layout: [NEON + dotprod, + i8mm]. At the dotprod level only where
@@ -193,6 +199,15 @@ pub(in crate::kernels) mod ex {
     entry!(q6_k, k_exact::<KQ6>);
     entry!(iq4_nl, legacy_exact::<WIQ4NL>);
     entry!(iq4_xs, k_exact::<KIQ4XS>);
+    entry!(iq2_xxs, k_exact::<KIQ2XXS>);
+    entry!(iq2_xs, k_exact::<KIQ2XS>);
+    entry!(iq2_s, k_exact::<KIQ2S>);
+    entry!(iq3_xxs, k_exact::<KIQ3XXS>);
+    entry!(iq3_s, k_exact::<KIQ3S>);
+    entry!(iq1_s, k_exact::<KIQ1S>);
+    entry!(iq1_m, k_exact::<KIQ1M>);
+    entry!(tq1_0, k_exact::<KTQ1_0>);
+    entry!(tq2_0, k_exact::<KTQ2_0>);
 }
 
 /// The row dequantizers of the f32 GEMM (both levels).
@@ -219,6 +234,15 @@ pub(in crate::kernels) mod deq {
     deq!(q6_k, deq_k::<KQ6>);
     deq!(iq4_nl, deq_legacy::<WIQ4NL>);
     deq!(iq4_xs, deq_k::<KIQ4XS>);
+    deq!(iq2_xxs, deq_k::<KIQ2XXS>);
+    deq!(iq2_xs, deq_k::<KIQ2XS>);
+    deq!(iq2_s, deq_k::<KIQ2S>);
+    deq!(iq3_xxs, deq_k::<KIQ3XXS>);
+    deq!(iq3_s, deq_k::<KIQ3S>);
+    deq!(iq1_s, deq_k::<KIQ1S>);
+    deq!(iq1_m, deq_k::<KIQ1M>);
+    deq!(tq1_0, deq_k::<KTQ1_0>);
+    deq!(tq2_0, deq_k::<KTQ2_0>);
 }
 
 /// The 8-bit kernels of the NEON level (`smull`), every format with an 8-bit activation
@@ -235,6 +259,15 @@ pub(in crate::kernels) mod base {
     entry!(q4_k, q45k_8bit::<Smull, false>);
     entry!(q5_k, q45k_8bit::<Smull, true>);
     entry!(q6_k, q6k_8bit::<Smull>);
+    entry!(iq2_xxs, grid_8bit::<Smull, KIQ2XXS>);
+    entry!(iq2_xs, grid_8bit::<Smull, KIQ2XS>);
+    entry!(iq2_s, grid_8bit::<Smull, KIQ2S>);
+    entry!(iq3_xxs, grid_8bit::<Smull, KIQ3XXS>);
+    entry!(iq3_s, grid_8bit::<Smull, KIQ3S>);
+    entry!(iq1_s, grid_8bit::<Smull, KIQ1S>);
+    entry!(iq1_m, grid_8bit::<Smull, KIQ1M>);
+    entry!(tq1_0, grid_8bit::<Smull, KTQ1_0>);
+    entry!(tq2_0, grid_8bit::<Smull, KTQ2_0>);
 }
 
 /// The 8-bit kernels of the dotprod level (`sdot`): over the rows-by-8 layout (`rows8`)
@@ -251,6 +284,15 @@ pub(in crate::kernels) mod dot {
     entry!(q4_k, "dotprod", q45k_8bit::<Sdot, false>);
     entry!(q5_k, "dotprod", q45k_8bit::<Sdot, true>);
     entry!(q6_k, "dotprod", k_rows8::<KR6>);
+    entry!(iq2_xxs, "dotprod", grid_8bit::<Sdot, KIQ2XXS>);
+    entry!(iq2_xs, "dotprod", grid_8bit::<Sdot, KIQ2XS>);
+    entry!(iq2_s, "dotprod", grid_8bit::<Sdot, KIQ2S>);
+    entry!(iq3_xxs, "dotprod", grid_8bit::<Sdot, KIQ3XXS>);
+    entry!(iq3_s, "dotprod", grid_8bit::<Sdot, KIQ3S>);
+    entry!(iq1_s, "dotprod", grid_8bit::<Sdot, KIQ1S>);
+    entry!(iq1_m, "dotprod", grid_8bit::<Sdot, KIQ1M>);
+    entry!(tq1_0, "dotprod", grid_8bit::<Sdot, KTQ1_0>);
+    entry!(tq2_0, "dotprod", grid_8bit::<Sdot, KTQ2_0>);
 }
 
 /// The pair-layout kernels ([`pairs`]) of the dotprod level (`sdot` by element).
