@@ -243,38 +243,56 @@ pub fn plan(dir: &Path, ftype: FileType) -> Result<Plan> {
         u32v(uint(tc, "text_config", "hidden_size")?),
     );
     let ip = processor(dir)?;
-    let n_layers = uint(vc, "vision_config", "num_hidden_layers")?;
     let v = |k: &str| uint(vc, "vision_config", k);
+    if !lfm3 {
+        let layer = cfg
+            .get("vision_feature_layer")
+            .and_then(Value::as_i64)
+            .unwrap_or(-1);
+        if layer != -1 {
+            return Err(Error::Unsupported(format!(
+                "vision_feature_layer {layer}: lone writes LFM2-VL mmprojs of the last layer (-1)"
+            )));
+        }
+        // The converter's fixed size for LFM2-VL's dynamic resolution.
+        plan.set("clip.vision.image_size", u32v(256));
+    }
+    // Every mmproj's header (the converter's MmprojModel), then each family's keys.
+    plan.set("clip.vision.patch_size", u32v(p));
+    plan.set("clip.vision.embedding_length", u32v(d));
+    plan.set(
+        "clip.vision.feed_forward_length",
+        u32v(v("intermediate_size")?),
+    );
+    plan.set("clip.vision.block_count", u32v(v("num_hidden_layers")?));
+    plan.set(
+        "clip.vision.attention.head_count",
+        u32v(v("num_attention_heads")?),
+    );
+    let lfm3_defaults = crate::vision::lfm3::PatchProcessor::default();
+    let (mean, std) = if lfm3 {
+        (
+            lfm3_defaults.norm.mean.map(f64::from),
+            lfm3_defaults.norm.std.map(f64::from),
+        )
+    } else {
+        ([0.5; 3], [0.5; 3])
+    };
+    plan.set(
+        "clip.vision.image_mean",
+        floats(&triple(&ip, "image_mean", mean)?),
+    );
+    plan.set(
+        "clip.vision.image_std",
+        floats(&triple(&ip, "image_std", std)?),
+    );
     if lfm3 {
-        let merge = v("spatial_merge_size")?;
         let size = ip.get("size");
         let pixels = |k: &str, d: usize| {
             size.and_then(|s| s.get(k))
                 .and_then(Value::as_u64)
                 .map_or(d, |x| x as usize)
         };
-        let defaults = crate::vision::lfm3::PatchProcessor::default();
-        plan.set("clip.vision.patch_size", u32v(p));
-        plan.set("clip.vision.embedding_length", u32v(d));
-        plan.set(
-            "clip.vision.feed_forward_length",
-            u32v(v("intermediate_size")?),
-        );
-        plan.set("clip.vision.block_count", u32v(n_layers));
-        plan.set(
-            "clip.vision.attention.head_count",
-            u32v(v("num_attention_heads")?),
-        );
-        let clip_mean = defaults.norm.mean.map(f64::from);
-        let clip_std = defaults.norm.std.map(f64::from);
-        plan.set(
-            "clip.vision.image_mean",
-            floats(&triple(&ip, "image_mean", clip_mean)?),
-        );
-        plan.set(
-            "clip.vision.image_std",
-            floats(&triple(&ip, "image_std", clip_std)?),
-        );
         plan.set("clip.projector_type", MetaValue::String("lfm3".into()));
         plan.set(
             "clip.vision.attention.head_count_kv",
@@ -285,14 +303,17 @@ pub fn plan(dir: &Path, ftype: FileType) -> Result<Plan> {
             "clip.vision.attention.layer_norm_epsilon",
             MetaValue::F32(eps as f32),
         );
-        plan.set("clip.vision.spatial_merge_size", u32v(merge));
+        plan.set(
+            "clip.vision.spatial_merge_size",
+            u32v(v("spatial_merge_size")?),
+        );
         plan.set(
             "clip.vision.image_min_pixels",
-            u32v(pixels("shortest_edge", defaults.min_pixels)),
+            u32v(pixels("shortest_edge", lfm3_defaults.min_pixels)),
         );
         plan.set(
             "clip.vision.image_max_pixels",
-            u32v(pixels("longest_edge", defaults.max_pixels)),
+            u32v(pixels("longest_edge", lfm3_defaults.max_pixels)),
         );
         plan.set("clip.use_gelu", MetaValue::Bool(true));
         let kinds = crate::vision::lfm3::Lfm3VisionConfig::from_hf_json(&cfg, 1)?;
@@ -312,35 +333,6 @@ pub fn plan(dir: &Path, ftype: FileType) -> Result<Plan> {
             MetaValue::F32(kinds.rope_theta as f32),
         );
     } else {
-        let layer = cfg
-            .get("vision_feature_layer")
-            .and_then(Value::as_i64)
-            .unwrap_or(-1);
-        if layer != -1 {
-            return Err(Error::Unsupported(format!(
-                "vision_feature_layer {layer}: lone writes LFM2-VL mmprojs of the last layer (-1)"
-            )));
-        }
-        plan.set("clip.vision.image_size", u32v(256));
-        plan.set("clip.vision.patch_size", u32v(p));
-        plan.set("clip.vision.embedding_length", u32v(d));
-        plan.set(
-            "clip.vision.feed_forward_length",
-            u32v(v("intermediate_size")?),
-        );
-        plan.set("clip.vision.block_count", u32v(n_layers));
-        plan.set(
-            "clip.vision.attention.head_count",
-            u32v(v("num_attention_heads")?),
-        );
-        plan.set(
-            "clip.vision.image_mean",
-            floats(&triple(&ip, "image_mean", [0.5; 3])?),
-        );
-        plan.set(
-            "clip.vision.image_std",
-            floats(&triple(&ip, "image_std", [0.5; 3])?),
-        );
         plan.set("clip.projector_type", MetaValue::String("lfm2".into()));
         let eps = vc
             .get("layer_norm_eps")
