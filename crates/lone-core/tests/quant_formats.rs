@@ -100,12 +100,29 @@ fn fixtures_cover_every_format() {
         let n = cases.iter().filter(|c| c.dtype == dtype).count();
         assert!(n >= 2, "{dtype}: {n} fixture cases");
         if !dtype.has_quantizer() {
-            // Read-only formats (the i-quants): dequantization cases, and writing is refused.
+            // Read-only formats: dequantization cases, and writing is refused.
             let case = cases.iter().find(|c| c.dtype == dtype).unwrap();
             let mut out = vec![0u8; case.row_bytes()];
             assert_eq!(
                 quant::quantize_row(dtype, &vec![0.5; case.n], &mut out),
                 Err(QuantError::NoQuantizer { dtype })
+            );
+            continue;
+        }
+        if dtype.is_iquant() {
+            assert!(
+                cases
+                    .iter()
+                    .any(|c| c.dtype == dtype && c.meta.get("weighted").is_some()),
+                "{dtype}: no quantization fixture with importances"
+            );
+        }
+        if quant::needs_importance(dtype) {
+            let case = cases.iter().find(|c| c.dtype == dtype).unwrap();
+            let mut out = vec![0u8; case.row_bytes()];
+            assert_eq!(
+                quant::quantize_row(dtype, &vec![0.5; case.n], &mut out),
+                Err(QuantError::NeedsImportance { dtype })
             );
             continue;
         }
@@ -220,8 +237,13 @@ fn quantize_matches_reference_byte_for_byte() {
         }
         checked += 1;
     }
-    // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, Q2_K..Q6_K: two cases each.
-    assert_eq!(checked, 30);
+    // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, Q2_K..Q6_K: two cases each;
+    // one for each i-quant lone writes without importances.
+    let iq = DType::ALL
+        .into_iter()
+        .filter(|d| d.is_iquant() && d.has_quantizer() && !quant::needs_importance(*d))
+        .count();
+    assert_eq!(checked, 30 + iq);
 }
 
 /// With importances (an imatrix row), quantization is byte-for-byte ggml's `quantize_*`
@@ -245,8 +267,12 @@ fn weighted_quantize_matches_ggml_byte_for_byte() {
         types.push(case.dtype);
     }
     types.dedup();
-    // Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1.
-    assert_eq!(types.len(), 9, "{types:?}");
+    // Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, and every i-quant lone writes.
+    let iq = DType::ALL
+        .into_iter()
+        .filter(|d| d.is_iquant() && d.has_quantizer())
+        .count();
+    assert_eq!(types.len(), 9 + iq, "{types:?}");
 }
 
 #[test]

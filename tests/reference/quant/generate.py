@@ -337,6 +337,17 @@ size_t ggml_row_size(int type, long long n) {
         case 12: return n / 256 * 144; /* Q4_K */
         case 13: return n / 256 * 176; /* Q5_K */
         case 14: return n / 256 * 210; /* Q6_K */
+        case 16: return n / 256 * 66;  /* IQ2_XXS */
+        case 17: return n / 256 * 74;  /* IQ2_XS */
+        case 18: return n / 256 * 98;  /* IQ3_XXS */
+        case 19: return n / 256 * 50;  /* IQ1_S */
+        case 20: return n / 32 * 18;   /* IQ4_NL */
+        case 21: return n / 256 * 110; /* IQ3_S */
+        case 22: return n / 256 * 82;  /* IQ2_S */
+        case 23: return n / 256 * 136; /* IQ4_XS */
+        case 29: return n / 256 * 56;  /* IQ1_M */
+        case 34: return n / 256 * 54;  /* TQ1_0 */
+        case 35: return n / 256 * 66;  /* TQ2_0 */
     }
     abort();
 }
@@ -410,6 +421,54 @@ def make_weighted_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
     return finish_case(rng, case, src, raw, qw)
 
 
+# The i-quant and ternary formats lone writes, as ggml's `quantize_<type>` makes them: with
+# importances (llama-quantize --imatrix) and, unless ggml requires them (IQ_NEEDS_WEIGHTS),
+# without. Each name maps to ggml's table set-up (`ggml_quantize_init`): None, or
+# ("iq2xs_init_impl", ggml type id) / ("iq3xs_init_impl", grid size).
+IQ_QUANTIZE = {}
+IQ_NEEDS_WEIGHTS = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
+
+
+def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> list[dict]:
+    """ggml's `quantize_<type>(src, dst, nrow, n_per_row, quant_weights)` of weight-like rows,
+    once with log-normal importances (a few zero columns) and once with none."""
+    _, bs, bb = FORMATS[name]
+    init = IQ_QUANTIZE[name]
+    if init is not None:
+        getattr(c, init[0])(ctypes.c_int(init[1]))
+    rows, n = 4, 4 * max(bs, QK_K)
+    cases = []
+    for weighted in [True, False]:
+        if not weighted and name in IQ_NEEDS_WEIGHTS:
+            continue
+        src = activation_like(rng, rows, n, bs)
+        # One block of a repeated value and one of tiny values.
+        src[1, :bs] = 0.25
+        src[2, bs:2 * bs] *= 1e-12
+        x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
+        qw = None
+        if weighted:
+            qw = np.exp(rng.standard_normal(n) * 1.5).astype(np.float32)
+            qw[rng.choice(n, size=n // 64, replace=False)] = 0
+        raw = np.zeros(rows * n // bs * bb, np.uint8)
+        fn = getattr(c, f"quantize_{name.lower()}")
+        fn.restype = ctypes.c_size_t
+        got = fn(x.ctypes.data_as(ctypes.c_void_p), raw.ctypes.data_as(ctypes.c_void_p),
+                 ctypes.c_int64(rows), ctypes.c_int64(n),
+                 qw.ctypes.data_as(ctypes.c_void_p) if weighted else None)
+        assert got == raw.size, (name, got, raw.size)
+        kind = "imatrix" if weighted else "quant"
+        case = {"type": name, "rows": rows, "n": n,
+                "source": f"quantized by ggml's quantize_{name.lower()} "
+                          f"({'with' if weighted else 'without'} quant_weights; C, "
+                          "-ffp-contract=off); dequantized by gguf-py",
+                "quantize": not weighted, "file": f"{name.lower()}_{kind}_{rows}x{n}.bin"}
+        if weighted:
+            case["weighted"] = True
+        cases.append(finish_case(rng, case, src, raw, qw))
+    return cases
+
+
 def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         c = ggml_library(src_dir, tmp)
@@ -434,7 +493,7 @@ def check_with_ggml(src_dir: Path, cases: list[dict]) -> None:
                 b = deq.reshape(-1).astype(np.float32).view(np.uint32)
                 assert np.array_equal(a, b), f"{case['file']}: ggml dequantization differs"
                 checked += 1
-            if case["quantize"] and name != "F32":
+            if case["quantize"] and name != "F32" and name not in IQ_QUANTIZE:
                 x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
                 out = np.zeros(raw.size, np.uint8)
                 getattr(c, f"quantize_row_{lname}_ref")(
@@ -503,6 +562,12 @@ def main() -> None:
         # The first rows of the llama fixture's ffn_down, which llama-quantize wrote in it.
         cases.append(make_file_case(grng, name, f"llama/model-{name.lower()}.gguf",
                                     "blk.1.ffn_down.weight", 5))
+    # Each written i-quant with its own generator, so adding one leaves the others' cases.
+    with tempfile.TemporaryDirectory() as tmp:
+        c = ggml_library(args.ggml, tmp)
+        for i, name in enumerate(FORMATS):
+            if name in IQ_QUANTIZE:
+                cases += make_iquant_cases(np.random.default_rng(0x200 + i), c, name)
 
     for old in OUT.glob("*.bin"):
         old.unlink()

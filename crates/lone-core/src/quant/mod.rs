@@ -18,6 +18,7 @@
 mod float;
 mod iq_tables;
 mod iqgrid;
+mod iquantize;
 mod iquants;
 mod kquantize;
 mod kquants;
@@ -66,9 +67,15 @@ pub enum QuantError {
         expected: usize,
         got: usize,
     },
-    /// lone reads the format but cannot write it (the i-quants).
+    /// lone reads the format but cannot write it.
     #[error("{dtype}: lone reads this format but cannot quantize into it")]
     NoQuantizer { dtype: DType },
+    /// The format is only made with an importance matrix (as llama-quantize requires).
+    #[error(
+        "{dtype} needs an importance matrix: make one with `lone imatrix` (or llama-imatrix) \
+         and pass it with --imatrix"
+    )]
+    NeedsImportance { dtype: DType },
 }
 
 impl From<QuantError> for crate::Error {
@@ -81,6 +88,17 @@ impl From<QuantError> for crate::Error {
 /// blocks.
 pub fn row_bytes(dtype: DType, n: usize) -> Option<usize> {
     dtype.bytes_for(n)
+}
+
+/// Whether lone writes the i-quant or ternary format `dtype` ([`DType::has_quantizer`]).
+pub(crate) fn writes_iquant(dtype: DType) -> bool {
+    iquantize::writes(dtype)
+}
+
+/// Whether `dtype` can only be written with importances ([`quantize_row_weighted`]): ggml's
+/// IQ2_XXS, IQ2_XS and IQ1_S quantizers require them.
+pub fn needs_importance(dtype: DType) -> bool {
+    iquantize::needs_importance(dtype)
 }
 
 /// Dequantize `dst.len()` elements stored as `dtype` in `src` (exactly
@@ -107,8 +125,9 @@ pub fn dot_row(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 ///
 /// Every format lone writes ([`DType::has_quantizer`]): F32, F16, BF16 (round to nearest
 /// even, like ggml's converters), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, and Q2_K..Q6_K
-/// (ggml's reference quantizers without an importance matrix). The i-quants and ternary
-/// formats are [`QuantError::NoQuantizer`].
+/// (ggml's reference quantizers without an importance matrix), and the i-quants and ternary
+/// formats lone writes (ggml's `quantize_iq*` without weights); the formats only made with
+/// importances ([`needs_importance`]) are [`QuantError::NeedsImportance`].
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     reference::quantize_row(dtype, src, dst)
 }

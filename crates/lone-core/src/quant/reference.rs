@@ -194,6 +194,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         DType::Q4K => quant_blocks(src, dst, kquantize::quant_q4_k),
         DType::Q5K => quant_blocks(src, dst, kquantize::quant_q5_k),
         DType::Q6K => quant_blocks(src, dst, kquantize::quant_q6_k),
+        d if d.is_iquant() => return super::iquantize::quantize(d, src, None, dst),
         _ => return Err(QuantError::NoQuantizer { dtype }),
     }
     Ok(())
@@ -248,10 +249,12 @@ mod tests {
         for dtype in DType::ALL {
             assert_eq!(dequantize_row(dtype, &[], &mut []), Ok(()));
             assert_eq!(dot_row(dtype, &[], &[]), Ok(0.0));
-            let want = if dtype.has_quantizer() {
-                Ok(())
-            } else {
+            let want = if !dtype.has_quantizer() {
                 Err(QuantError::NoQuantizer { dtype })
+            } else if crate::quant::needs_importance(dtype) {
+                Err(QuantError::NeedsImportance { dtype })
+            } else {
+                Ok(())
             };
             assert_eq!(quantize_row(dtype, &[], &mut []), want);
         }
@@ -334,9 +337,14 @@ mod tests {
                 );
                 continue;
             }
-            quantize_row(dtype, &x, &mut q).unwrap();
-            // All f32::MAX: the f16 scales overflow to inf.
-            quantize_row(dtype, &big, &mut q).unwrap();
+            if crate::quant::needs_importance(dtype) {
+                let no = Err(QuantError::NeedsImportance { dtype });
+                assert_eq!(quantize_row(dtype, &x, &mut q), no);
+            } else {
+                quantize_row(dtype, &x, &mut q).unwrap();
+                // All f32::MAX: the f16 scales overflow to inf.
+                quantize_row(dtype, &big, &mut q).unwrap();
+            }
             // The importance-weighted quantizers too, with garbage importances.
             crate::quant::quantize_row_weighted(dtype, &x, &qw, &mut q).unwrap();
             crate::quant::quantize_row_weighted(dtype, &big, &qw, &mut q).unwrap();
@@ -382,11 +390,12 @@ mod tests {
     #[test]
     fn quantize_round_trip_error_is_bounded() {
         let mut rng = Rng(12345);
-        // The K formats are checked byte for byte against ggml instead (tests/quant_formats.rs).
+        // The K formats and the i-quants are checked byte for byte against ggml instead
+        // (tests/quant_formats.rs).
         let k = [DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K];
         for dtype in DType::ALL
             .into_iter()
-            .filter(|d| !k.contains(d) && d.has_quantizer())
+            .filter(|d| !k.contains(d) && !d.is_iquant() && d.has_quantizer())
         {
             let bs = dtype.block_size();
             for blocks in [1usize, 3, 5] {

@@ -301,6 +301,7 @@ pub fn quantize_row_weighted(
             let sigma2 = sum_sq(src) / src.len() as f32;
             blocks.for_each(|((x, w), y)| legacy_block(dtype, x, w, sigma2, y));
         }
+        d if d.is_iquant() => return super::iquantize::quantize(d, src, Some(qw), dst),
         _ => return super::reference::quantize_row(dtype, src, dst),
     }
     Ok(())

@@ -128,10 +128,10 @@ impl DType {
         self.block_size() > 1
     }
 
-    /// Whether lone can write the format (`quant::quantize_row`): every format but the
-    /// i-quants and the ternary formats, which it reads only.
+    /// Whether lone can write the format (`quant::quantize_row_weighted`; IQ2_XXS, IQ2_XS
+    /// and IQ1_S only with importances, `quant::needs_importance`).
     pub fn has_quantizer(self) -> bool {
-        !self.is_iquant()
+        !self.is_iquant() || crate::quant::writes_iquant(self)
     }
 
     /// The i-quants (IQ1_S … IQ4_XS) and the ternary formats (TQ1_0, TQ2_0).
