@@ -425,8 +425,12 @@ def make_weighted_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
 # importances (llama-quantize --imatrix) and, unless ggml requires them (IQ_NEEDS_WEIGHTS),
 # without. Each name maps to ggml's table set-up (`ggml_quantize_init`): None, or
 # ("iq2xs_init_impl", ggml type id) / ("iq3xs_init_impl", grid size).
-IQ_QUANTIZE = {}
+IQ_QUANTIZE = {"IQ4_NL": None, "IQ4_XS": None, "TQ1_0": None, "TQ2_0": None,
+               "IQ3_XXS": ("iq3xs_init_impl", 256), "IQ3_S": ("iq3xs_init_impl", 512)}
 IQ_NEEDS_WEIGHTS = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
+# Formats whose cases also hold an all-zero 32-element sub-block inside a block (IQ3_S skips
+# it without advancing its index and sign slots).
+IQ_ZERO_SUB_BLOCK = {"IQ3_XXS", "IQ3_S"}
 
 
 def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> list[dict]:
@@ -445,6 +449,8 @@ def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> li
         # One block of a repeated value and one of tiny values.
         src[1, :bs] = 0.25
         src[2, bs:2 * bs] *= 1e-12
+        if name in IQ_ZERO_SUB_BLOCK:
+            src[3, 2 * bs + 64:2 * bs + 96] = 0
         x = np.ascontiguousarray(src.reshape(-1), dtype=np.float32)
         qw = None
         if weighted:
