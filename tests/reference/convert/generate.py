@@ -39,6 +39,11 @@ IMATRIX_FAMILIES = ["llama", "lfm2_a", "lfm2_moe"]
 IMATRIX_TYPES = ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1",
                  "Q5_0", "Q5_1"]
 TEXT = HERE.parent / "tokenizer" / "assets" / "lfm2" / "LICENSE.lfm1.0.txt"
+# The i-quant and ternary mixes, without an importance matrix for every family (llama-quantize
+# refuses those that need one: recorded as an "error" case) and with one for IMATRIX_FAMILIES.
+# `--iquants` (re)records only these, keeping the other cases and the committed imatrix files.
+IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ2_M", "IQ2_S",
+            "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0"]
 TYPES = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
          "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16"]
 
@@ -47,6 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-quantize", type=Path,
                     default=Path.home() / ".cache/llama.cpp-0c1e570/bin/llama-quantize")
+    ap.add_argument("--iquants", action="store_true",
+                    help="only (re)record the IQ_TYPES cases, with the committed imatrix files")
     args = ap.parse_args()
     src = args.llama_quantize.resolve().parent.parent / "src"
     sys.path.insert(0, str(src / "gguf-py"))
@@ -54,8 +61,8 @@ def main() -> None:
 
     out = {"tool": "llama-quantize (llama.cpp 0c1e570)", "cases": []}
     bindir = args.llama_quantize.resolve().parent
-    imatrix_bin = next(p for p in [bindir / "llama-imatrix", bindir.parent / "build/bin/llama-imatrix"]
-                       if p.exists())
+    imatrix_bin = next((p for p in [bindir / "llama-imatrix", bindir.parent / "build/bin/llama-imatrix"]
+                        if p.exists()), None)
 
     def record(fam, t, dst, imatrix=None):
         data = dst.read_bytes()
@@ -67,6 +74,32 @@ def main() -> None:
             case["imatrix"] = imatrix
         out["cases"].append(case)
         print(f"{fam} {t} {imatrix or ''}: {len(data)} bytes", file=sys.stderr)
+
+    if args.iquants:
+        old = json.loads((HERE / "llama-quantize.json").read_text())
+        out["cases"] = [c for c in old["cases"] if c["type"] not in IQ_TYPES]
+        with tempfile.TemporaryDirectory() as tmp:
+            for fam in FAMILIES:
+                inp = FIXTURES / fam / "model-f32.gguf"
+                for imatrix in [None, f"{fam}.imatrix.gguf"] if fam in IMATRIX_FAMILIES else [None]:
+                    for t in IQ_TYPES:
+                        dst = Path(tmp) / f"{fam}-{t}.gguf"
+                        cmd = [str(args.llama_quantize)] + (["--imatrix", imatrix] if imatrix else [])
+                        r = subprocess.run(cmd + [str(inp), str(dst), t], cwd=HERE,
+                                           capture_output=True, text=True)
+                        if r.returncode == 0:
+                            record(fam, t, dst, imatrix)
+                            continue
+                        why = [l for l in r.stderr.splitlines() if "imatrix" in l or "importance" in l]
+                        if not why:
+                            sys.exit(f"{fam} {t}: llama-quantize failed:\n{r.stderr[-2000:]}")
+                        case = {"family": fam, "type": t, "error": why[-1].strip()}
+                        if imatrix:
+                            case["imatrix"] = imatrix
+                        out["cases"].append(case)
+                        print(f"{fam} {t} {imatrix or ''}: refused ({why[-1].strip()})", file=sys.stderr)
+        (HERE / "llama-quantize.json").write_text(json.dumps(out, indent=1) + "\n")
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         for fam in IMATRIX_FAMILIES:

@@ -101,6 +101,8 @@ struct State {
     i_attention_wv: i64,
     n_layer: i64,
     i_ffn_down: i64,
+    i_ffn_gate: i64,
+    i_ffn_up: i64,
     n_gqa: u64,
     /// `{arch}.expert_count` (0 without experts).
     n_expert: u64,
@@ -108,23 +110,80 @@ struct State {
     has_imatrix: bool,
 }
 
+/// The file types whose low-bit rules (`IQ2_*`, `IQ1_*`) llama.cpp groups together.
+fn is_iq2_or_iq1(ft: FileType) -> bool {
+    use FileType as F;
+    matches!(
+        ft,
+        F::IQ2XXS | F::IQ2XS | F::IQ2S | F::IQ2M | F::IQ1S | F::IQ1M
+    )
+}
+
 fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: usize) -> DType {
     use DType as D;
     use FileType as F;
     let mut t = default;
+    let iq2s = matches!(ft, F::IQ2S | F::IQ2M);
     if cat == Category::Output || (s.tied && cat == Category::TokenEmbd) {
         if !ncols.is_multiple_of(t.block_size()) {
             t = D::Q8_0;
+        } else if is_iq2_or_iq1(ft) || ft == F::IQ3XXS {
+            t = D::Q5K;
         } else if t != D::Q8_0 {
             t = D::Q6K;
         }
     } else if cat == Category::TokenEmbd {
-        // no change for these file types
-    } else if is_attn_v(cat) {
         match ft {
-            F::Q2K => t = if s.n_gqa >= 4 { D::Q4K } else { D::Q3K },
+            F::IQ2XXS | F::IQ2XS | F::IQ1S | F::IQ1M => t = D::Q2K,
+            F::IQ2S | F::IQ2M | F::IQ3XXS => t = D::IQ3S,
+            F::TQ1_0 | F::TQ2_0 => t = D::Q4K,
+            _ => {}
+        }
+    } else if is_iq2_or_iq1(ft) {
+        // The lowest-bit mixes: their own rules for V, K, FFN down and attention output.
+        if is_attn_v(cat) {
+            t = if s.n_gqa >= 4 || s.n_expert >= 4 {
+                D::Q4K
+            } else if iq2s {
+                D::IQ3S
+            } else {
+                D::Q2K
+            };
+            s.i_attention_wv += 1;
+        } else if s.n_expert == 8 && cat == Category::AttnK {
+            t = D::Q4K;
+        } else if cat == Category::FfnDown {
+            if s.i_ffn_down < s.n_layer / 8 {
+                t = if iq2s { D::IQ3S } else { D::Q2K };
+            }
+            s.i_ffn_down += 1;
+        } else if cat == Category::AttnOutput {
+            if s.n_expert == 8 {
+                t = D::Q5K;
+            } else if matches!(ft, F::IQ1S | F::IQ1M) {
+                t = D::IQ2XXS;
+            } else if iq2s {
+                t = D::IQ3S;
+            }
+        }
+    } else if is_attn_v(cat) {
+        let gqa4 = s.n_gqa >= 4;
+        match ft {
+            F::Q2K => t = if gqa4 { D::Q4K } else { D::Q3K },
+            F::IQ3XXS => {
+                t = if gqa4 {
+                    D::Q4K
+                } else if !s.has_imatrix {
+                    D::IQ3S
+                } else {
+                    D::IQ3XXS
+                }
+            }
+            F::IQ3XS | F::IQ3S if gqa4 => t = D::Q4K,
+            F::IQ3M => t = D::Q4K,
             F::Q3KM => t = if s.i_attention_wv < 2 { D::Q5K } else { D::Q4K },
             F::Q3KL => t = D::Q5K,
+            F::IQ4NL | F::IQ4XS if gqa4 => t = D::Q5K,
             F::Q4KM | F::Q5KM if use_more_bits(s.i_attention_wv, s.n_attention_wv) => t = D::Q6K,
             F::Q4KS if s.i_attention_wv < 4 => t = D::Q5K,
             _ => {}
@@ -136,14 +195,27 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
     } else if cat == Category::AttnK {
         if s.n_expert == 8 {
             t = D::Q8_0;
+        } else if ft == F::IQ3XS {
+            t = D::IQ3XXS;
+        } else if ft == F::IQ3XXS {
+            t = D::IQ2S;
+        }
+    } else if cat == Category::AttnQ {
+        if ft == F::IQ3XS {
+            t = D::IQ3XXS;
+        } else if ft == F::IQ3XXS {
+            t = D::IQ2S;
         }
     } else if cat == Category::FfnDown {
         let (i, n) = (s.i_ffn_down, s.n_layer);
         match ft {
             F::Q2K => t = D::Q3K,
+            F::IQ3XXS if !s.has_imatrix => t = if i < n / 8 { D::Q4K } else { D::Q3K },
             F::Q3KM => t = if i < n / 16 { D::Q5K } else { D::Q4K },
+            F::IQ3M if i < n / 8 || (s.n_expert == 8 && use_more_bits(i, n)) => t = D::Q4K,
             F::Q3KL => t = D::Q5K,
             F::Q4KM if use_more_bits(i, n) => t = D::Q6K,
+            F::IQ4NL | F::IQ4XS if i < n / 8 && !s.has_imatrix => t = D::Q5K,
             F::Q5KM if use_more_bits(i, n) => t = D::Q6K,
             F::Q4KS if i < n / 8 => t = D::Q5K,
             // With an imatrix, Q4_0/Q5_0 guard the first layers' ffn_down with a min.
@@ -154,24 +226,49 @@ fn mix_type(s: &mut State, ft: FileType, default: DType, cat: Category, ncols: u
         s.i_ffn_down += 1;
     } else if cat == Category::AttnOutput {
         if s.n_expert == 8 {
-            if matches!(ft, F::Q2K | F::Q3KS | F::Q3KM | F::Q4KS | F::Q4KM) {
+            let k_or_iq3 = [
+                F::Q2K,
+                F::IQ3XS,
+                F::IQ3XXS,
+                F::Q3KS,
+                F::Q3KM,
+                F::IQ4NL,
+                F::Q4KS,
+                F::Q4KM,
+                F::IQ3S,
+                F::IQ3M,
+                F::IQ4XS,
+            ];
+            if k_or_iq3.contains(&ft) {
                 t = D::Q5K;
             }
         } else {
             match ft {
                 F::Q2K => t = D::Q3K,
-                F::Q3KM => t = D::Q4K,
+                F::IQ3XXS => t = D::IQ3S,
+                F::Q3KM | F::IQ3M => t = D::Q4K,
                 F::Q3KL => t = D::Q5K,
                 _ => {}
             }
         }
     } else if cat == Category::AttnQkv {
         match ft {
-            F::Q3KM | F::Q3KL => t = D::Q4K,
+            F::Q3KM | F::Q3KL | F::IQ3M => t = D::Q4K,
             F::Q4KM => t = D::Q5K,
             F::Q5KM => t = D::Q6K,
             _ => {}
         }
+    } else if cat == Category::FfnGate || cat == Category::FfnUp {
+        let i = if cat == Category::FfnGate {
+            &mut s.i_ffn_gate
+        } else {
+            &mut s.i_ffn_up
+        };
+        let n = s.n_layer;
+        if ft == F::IQ3XS && *i >= n / 8 && *i < 7 * n / 8 {
+            t = D::IQ3XXS;
+        }
+        *i += 1;
     }
     fallback(t, ncols)
 }
@@ -183,7 +280,10 @@ fn fallback(t: DType, ncols: usize) -> DType {
         return t;
     }
     let f = match t {
-        D::Q2K | D::Q3K => D::Q4_0,
+        D::IQ1S | D::IQ1M | D::IQ2XXS | D::IQ2XS | D::IQ2S | D::IQ3XXS | D::IQ3S | D::IQ4XS => {
+            D::IQ4NL
+        }
+        D::Q2K | D::Q3K | D::TQ1_0 | D::TQ2_0 => D::Q4_0,
         D::Q4K => D::Q5_0,
         D::Q5K => D::Q5_1,
         D::Q6K => D::Q8_0,
@@ -194,6 +294,17 @@ fn fallback(t: DType, ncols: usize) -> DType {
     } else {
         f
     }
+}
+
+/// llama-quantize's `tensor_requires_imatrix`: the types it will not make without importances
+/// (except in the embedding and the LM head).
+fn requires_imatrix(name: &str, t: DType) -> bool {
+    let embd_or_head = matches!(category(name), Category::Output | Category::TokenEmbd);
+    !embd_or_head
+        && matches!(
+            t,
+            DType::IQ3XXS | DType::IQ2XXS | DType::IQ2XS | DType::IQ2S | DType::IQ1M | DType::IQ1S
+        )
 }
 
 fn first_u64(v: Option<&MetaValue>) -> Option<u64> {
@@ -256,6 +367,8 @@ pub fn requantize(
         i_attention_wv: 0,
         n_layer: n_layer as i64,
         i_ffn_down: 0,
+        i_ffn_gate: 0,
+        i_ffn_up: 0,
         n_gqa: n_head.checked_div(n_head_kv).unwrap_or(0),
         n_expert: plan
             .get(&format!("{arch}.expert_count"))
@@ -294,6 +407,128 @@ pub fn requantize(
                 }
             }
         }
+        if requires_imatrix(&t.name, t.dtype) && t.importance.is_none() {
+            return Err(match imatrix {
+                None => Error::Config(format!(
+                    "{} needs an importance matrix ({} for {}): make one with `lone imatrix` \
+                     (or llama-imatrix) and pass it with --imatrix",
+                    ftype.name(),
+                    t.dtype,
+                    t.name
+                )),
+                Some(_) => Error::Config(format!(
+                    "the importance matrix has no entry for {}, which {} quantizes to {}",
+                    t.name,
+                    ftype.name(),
+                    t.dtype
+                )),
+            });
+        }
+        if !t.dtype.has_quantizer() {
+            return Err(Error::Config(format!(
+                "lone cannot write {} yet ({} for {})",
+                t.dtype,
+                ftype.name(),
+                t.name
+            )));
+        }
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{PlanTensor, RowOrder};
+    use crate::imatrix::{Entry, Imatrix};
+    use crate::tensor::Tensor;
+
+    /// Every file type, with and without an importance matrix, on models wide enough that no
+    /// type falls back (`tests/reference/convert/mix_wide.py`: 8 and 16 layers of 256, GQA 2
+    /// with a tied embedding and GQA 4 with an LM head): each tensor gets the type
+    /// `llama-quantize --dry-run` chose.
+    #[test]
+    fn wide_models_get_llama_quantizes_types() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/reference/convert/mix-wide.json"
+        );
+        let refs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let (mut checked, mut refused) = (0, 0);
+        for v in refs["variants"].as_array().unwrap() {
+            let mut base = Plan::default();
+            for (k, val) in v["kv"].as_object().unwrap() {
+                let val = match val {
+                    serde_json::Value::String(s) => MetaValue::String(s.clone()),
+                    n => MetaValue::U32(n.as_u64().unwrap() as u32),
+                };
+                base.set(k, val);
+            }
+            let dummy = Tensor::from_f32(vec![1], &[0.0]);
+            let mut imatrix = Imatrix {
+                entries: Default::default(),
+                datasets: vec!["ones".into()],
+                chunk_count: 1,
+                chunk_size: 1,
+                legacy: false,
+            };
+            for t in v["tensors"].as_array().unwrap() {
+                let name = t[0].as_str().unwrap().to_string();
+                let shape: Vec<usize> = t[1]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
+                if shape.len() == 2 && !name.contains("token_embd") {
+                    let sums = vec![1.0; shape[1]];
+                    imatrix.entries.insert(
+                        name.clone(),
+                        Entry {
+                            sums,
+                            counts: vec![1.0],
+                        },
+                    );
+                }
+                base.tensors.push(PlanTensor {
+                    name,
+                    shape,
+                    dtype: DType::F32,
+                    source: dummy.clone().into(),
+                    rows: RowOrder::Same,
+                    importance: None,
+                });
+            }
+            for c in v["cases"].as_array().unwrap() {
+                let ty = c["type"].as_str().unwrap();
+                let ft = FileType::parse(ty).unwrap();
+                let im = c["imatrix"].as_bool().unwrap();
+                let r = requantize(base.clone(), ft, im.then_some((&imatrix, "ones.gguf")));
+                if c["needs_imatrix"].as_bool().unwrap() {
+                    // llama-quantize would refuse to quantize without one: so does lone.
+                    let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+                    assert!(e.contains("needs an importance matrix"), "{ty}: {e}");
+                    refused += 1;
+                    continue;
+                }
+                let plan = r.unwrap_or_else(|e| panic!("{} {ty} imatrix {im}: {e}", v["name"]));
+                let want = c["types"].as_array().unwrap();
+                for (t, w) in v["tensors"].as_array().unwrap().iter().zip(want) {
+                    let name = t[0].as_str().unwrap();
+                    let got = plan.tensors.iter().find(|p| p.name == name).unwrap();
+                    assert_eq!(
+                        got.dtype.to_string(),
+                        w.as_str().unwrap(),
+                        "{} {ty} imatrix {im}: {name}",
+                        v["name"]
+                    );
+                }
+                checked += 1;
+            }
+        }
+        // 2 models × 28 file types (all but F16 and BF16) × with and without an imatrix; the
+        // IQ3_XXS, IQ3_XS and IQ2/IQ1 mixes without one are refused.
+        assert_eq!((checked, refused), (2 * 28 * 2 - 2 * 8, 2 * 8));
+    }
 }

@@ -52,10 +52,24 @@ pub enum FileType {
     Q3KM,
     Q3KS,
     Q2K,
+    IQ4XS,
+    IQ4NL,
+    IQ3M,
+    IQ3S,
+    IQ3XS,
+    IQ3XXS,
+    IQ2M,
+    IQ2S,
+    IQ2XS,
+    IQ2XXS,
+    IQ1M,
+    IQ1S,
+    TQ2_0,
+    TQ1_0,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 17] = [
+    pub const ALL: [FileType; 31] = [
         FileType::F32,
         FileType::F16,
         FileType::BF16,
@@ -73,6 +87,20 @@ impl FileType {
         FileType::Q3KM,
         FileType::Q3KS,
         FileType::Q2K,
+        FileType::IQ4XS,
+        FileType::IQ4NL,
+        FileType::IQ3M,
+        FileType::IQ3S,
+        FileType::IQ3XS,
+        FileType::IQ3XXS,
+        FileType::IQ2M,
+        FileType::IQ2S,
+        FileType::IQ2XS,
+        FileType::IQ2XXS,
+        FileType::IQ1M,
+        FileType::IQ1S,
+        FileType::TQ2_0,
+        FileType::TQ1_0,
     ];
 
     /// The name llama-quantize prints and accepts (`Q4_K_M`).
@@ -95,6 +123,20 @@ impl FileType {
             FileType::Q3KM => "Q3_K_M",
             FileType::Q3KS => "Q3_K_S",
             FileType::Q2K => "Q2_K",
+            FileType::IQ4XS => "IQ4_XS",
+            FileType::IQ4NL => "IQ4_NL",
+            FileType::IQ3M => "IQ3_M",
+            FileType::IQ3S => "IQ3_S",
+            FileType::IQ3XS => "IQ3_XS",
+            FileType::IQ3XXS => "IQ3_XXS",
+            FileType::IQ2M => "IQ2_M",
+            FileType::IQ2S => "IQ2_S",
+            FileType::IQ2XS => "IQ2_XS",
+            FileType::IQ2XXS => "IQ2_XXS",
+            FileType::IQ1M => "IQ1_M",
+            FileType::IQ1S => "IQ1_S",
+            FileType::TQ2_0 => "TQ2_0",
+            FileType::TQ1_0 => "TQ1_0",
         }
     }
 
@@ -131,6 +173,20 @@ impl FileType {
             FileType::Q5KM => 17,
             FileType::Q6K => 18,
             FileType::BF16 => 32,
+            FileType::IQ2XXS => 19,
+            FileType::IQ2XS => 20,
+            FileType::IQ3XS => 22,
+            FileType::IQ3XXS => 23,
+            FileType::IQ1S => 24,
+            FileType::IQ4NL => 25,
+            FileType::IQ3S => 26,
+            FileType::IQ3M => 27,
+            FileType::IQ2S => 28,
+            FileType::IQ2M => 29,
+            FileType::IQ4XS => 30,
+            FileType::IQ1M => 31,
+            FileType::TQ1_0 => 36,
+            FileType::TQ2_0 => 37,
         }
     }
 
@@ -150,6 +206,17 @@ impl FileType {
             FileType::Q4KM | FileType::Q4KS => DType::Q4K,
             FileType::Q3KL | FileType::Q3KM | FileType::Q3KS => DType::Q3K,
             FileType::Q2K => DType::Q2K,
+            FileType::IQ4XS => DType::IQ4XS,
+            FileType::IQ4NL => DType::IQ4NL,
+            FileType::IQ3M | FileType::IQ3S | FileType::IQ3XS => DType::IQ3S,
+            FileType::IQ3XXS => DType::IQ3XXS,
+            FileType::IQ2M => DType::IQ2S,
+            FileType::IQ2S | FileType::IQ2XS => DType::IQ2XS,
+            FileType::IQ2XXS => DType::IQ2XXS,
+            FileType::IQ1M => DType::IQ1M,
+            FileType::IQ1S => DType::IQ1S,
+            FileType::TQ2_0 => DType::TQ2_0,
+            FileType::TQ1_0 => DType::TQ1_0,
         }
     }
 

@@ -2,8 +2,9 @@
 //! within B bits per weight (a per-tensor sensitivity search).
 //!
 //! 1. Reference: the source model's log-probabilities on calibration chunks (every position).
-//! 2. Sensitivity: for each weight matrix t and each candidate type q (Q2_K…Q6_K and Q8_0 for
-//!    rows of whole 256-blocks; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 otherwise), only t is quantized to q
+//! 2. Sensitivity: for each weight matrix t and each candidate type q (Q2_K…Q6_K, IQ3_S, IQ4_XS,
+//!    Q8_0 and, with the imatrix, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS for rows of whole 256-blocks;
+//!    Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1 and Q8_0 otherwise), only t is quantized to q
 //!    (with the imatrix, when given) and the mean KL divergence of the logits from the
 //!    reference is measured: KL(t, q).
 //! 3. Allocation: with the errors taken as additive, every tensor starts at its cheapest
@@ -126,10 +127,19 @@ fn bits(dtype: DType, numel: usize) -> f64 {
     (dtype.bytes_for(numel).unwrap_or(0) * 8) as f64
 }
 
-fn candidates(row_len: usize) -> Vec<DType> {
+/// The types tried for a matrix of rows of `row_len`, cheapest first: the K-quants and
+/// i-quants for rows of whole 256-blocks (those llama-quantize makes only with importances,
+/// IQ2_* and IQ3_XXS, when the matrix has them), the legacy formats and IQ4_NL otherwise.
+fn candidates(row_len: usize, importance: bool) -> Vec<DType> {
     let k = [
+        DType::IQ2XXS,
+        DType::IQ2XS,
+        DType::IQ2S,
         DType::Q2K,
+        DType::IQ3XXS,
         DType::Q3K,
+        DType::IQ3S,
+        DType::IQ4XS,
         DType::Q4K,
         DType::Q5K,
         DType::Q6K,
@@ -137,6 +147,7 @@ fn candidates(row_len: usize) -> Vec<DType> {
     ];
     let legacy = [
         DType::Q4_0,
+        DType::IQ4NL,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
@@ -147,9 +158,11 @@ fn candidates(row_len: usize) -> Vec<DType> {
     } else {
         &legacy
     };
+    let needs = [DType::IQ2XXS, DType::IQ2XS, DType::IQ2S, DType::IQ3XXS];
     list.iter()
         .copied()
         .filter(|t| row_len.is_multiple_of(t.block_size()))
+        .filter(|t| importance || !needs.contains(t))
         .collect()
 }
 
@@ -408,19 +421,27 @@ pub fn target_bpw(
         }
         None => None,
     };
+    let importance_of = |name: &str, row_len: usize| {
+        opts.imatrix
+            .and_then(|im| im.importance(name))
+            .filter(|q| q.len() == row_len)
+    };
     let total: usize = eligible
         .iter()
-        .map(|(_, i, _)| candidates(plan.tensors[*i].row_len()).len())
+        .map(|(name, i, _)| {
+            let row_len = plan.tensors[*i].row_len();
+            candidates(row_len, importance_of(name, row_len).is_some()).len()
+        })
         .sum();
     let mut done = 0;
     let mut measured = 0;
     let mut table: Vec<Vec<(DType, f64)>> = Vec::new();
     for (name, i, from) in &eligible {
-        let importance = opts.imatrix.and_then(|im| im.importance(name));
-        let importance = importance.filter(|q| q.len() == plan.tensors[*i].row_len());
+        let row_len = plan.tensors[*i].row_len();
+        let importance = importance_of(name, row_len);
         let mut row = Vec::new();
         let before = measured;
-        for q in candidates(plan.tensors[*i].row_len()) {
+        for q in candidates(row_len, importance.is_some()) {
             let known = saved.as_ref().and_then(|(t, _)| t.get(name, q));
             let kl = match known {
                 Some(kl) => kl,
@@ -457,9 +478,10 @@ pub fn target_bpw(
         .collect();
     let mut choice: Vec<usize> = table
         .iter()
-        .map(|r| {
+        .zip(&numel)
+        .map(|(r, &n)| {
             (0..r.len())
-                .min_by(|&a, &b| bits(r[a].0, 1).total_cmp(&bits(r[b].0, 1)))
+                .min_by(|&a, &b| bits(r[a].0, n).total_cmp(&bits(r[b].0, n)))
                 .unwrap_or(0)
         })
         .collect();

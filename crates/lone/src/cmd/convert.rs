@@ -20,8 +20,10 @@ pub struct ConvertArgs {
     #[arg(long, short = 'o')]
     pub out: PathBuf,
     /// Output type: F32, F16, BF16, Q8_0 (what convert_hf_to_gguf.py writes), or Q6_K,
-    /// Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K
-    /// (llama-quantize's mixes, from the F32 conversion).
+    /// Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K,
+    /// IQ4_XS, IQ4_NL, IQ3_M, IQ3_S, IQ3_XS, IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M,
+    /// IQ1_S, TQ2_0, TQ1_0 (llama-quantize's mixes, from the F32 conversion; IQ3_XXS and
+    /// below need --imatrix, as in llama-quantize).
     #[arg(long = "type", short = 't', default_value = "F16", value_parser = parse_type)]
     pub out_type: FileType,
     /// `tokenizer.ggml.pre` for a tokenizer llama.cpp's table does not know (llama-bpe,
@@ -110,19 +112,8 @@ impl SplitArgs {
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
-    FileType::parse(s).ok_or_else(|| {
-        if s.to_ascii_uppercase().starts_with("IQ") {
-            // llama.cpp's i-quant types (IQ4_NL, IQ4_XS, ...): lone reads IQ4_NL and IQ4_XS
-            // but has no quantizer for any of them.
-            format!(
-                "lone does not write {s}: it reads IQ4_NL and IQ4_XS files but has no i-quant \
-                 quantizer (use llama-quantize); use one of {}",
-                FileType::names()
-            )
-        } else {
-            format!("unknown type {s:?}; use one of {}", FileType::names())
-        }
-    })
+    FileType::parse(s)
+        .ok_or_else(|| format!("unknown type {s:?}; use one of {}", FileType::names()))
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {

@@ -31,7 +31,7 @@ fn trit(v: f32, id: f32) -> u8 {
 /// Trits into a byte: their base-3 number (the first most significant), scaled up to 256.
 fn pack5(trits: impl Iterator<Item = u8>) -> u8 {
     let q = trits.fold(0u8, |q, t| q.wrapping_mul(3).wrapping_add(t));
-    ((u16::from(q) * 256 + 242) / 243) as u8
+    (u16::from(q) * 256).div_ceil(243) as u8
 }
 
 fn tq1_0(x: &[f32], b: &mut [u8]) {
@@ -65,12 +65,10 @@ fn tq2_0(x: &[f32], b: &mut [u8]) {
 
 /// One row of TQ1_0 or TQ2_0.
 pub(super) fn quantize(dtype: DType, src: &[f32], dst: &mut [u8]) {
-    let (bb, f): (usize, fn(&[f32], &mut [u8])) = match dtype {
-        DType::TQ1_0 => (54, tq1_0),
-        DType::TQ2_0 => (66, tq2_0),
-        _ => unreachable!("ternary::quantize({dtype})"),
-    };
-    for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(bb)) {
-        f(x, b);
+    for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(dtype.block_bytes())) {
+        match dtype {
+            DType::TQ1_0 => tq1_0(x, b),
+            _ => tq2_0(x, b),
+        }
     }
 }
