@@ -175,7 +175,11 @@ fn iq4_xs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
 /// One row of IQ4_NL (blocks of 32) or IQ4_XS (super-blocks of 256).
 pub(super) fn quantize(dtype: DType, src: &[f32], qw: Option<&[f32]>, dst: &mut [u8]) {
     let (bs, bb) = (dtype.block_size(), dtype.block_bytes());
-    for (i, (x, b)) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(bb)).enumerate() {
+    for (i, (x, b)) in src
+        .chunks_exact(bs)
+        .zip(dst.chunks_exact_mut(bb))
+        .enumerate()
+    {
         let qw = qw.map(|q| &q[bs * i..bs * (i + 1)]);
         match dtype {
             DType::IQ4NL => iq4_nl(x, qw, b),

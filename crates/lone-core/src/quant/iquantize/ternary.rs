@@ -65,7 +65,10 @@ fn tq2_0(x: &[f32], b: &mut [u8]) {
 
 /// One row of TQ1_0 or TQ2_0.
 pub(super) fn quantize(dtype: DType, src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(dtype.block_bytes())) {
+    for (x, b) in src
+        .chunks_exact(QK_K)
+        .zip(dst.chunks_exact_mut(dtype.block_bytes()))
+    {
         match dtype {
             DType::TQ1_0 => tq1_0(x, b),
             _ => tq2_0(x, b),
