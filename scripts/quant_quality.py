@@ -33,6 +33,8 @@ PERPLEXITY = Path(os.environ.get("LLAMA_PERPLEXITY", LLAMA / "build" / "bin" / "
 CALIB = ROOT / "tests/reference/tokenizer/assets/lfm2/LICENSE.lfm1.0.txt"
 EVAL = Path(os.environ.get("EVAL_TEXT", "/usr/lib/python3.11/LICENSE.txt"))
 TYPES = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0", "Q3_K_M", "Q2_K"]
+# The i-quant mixes llama-quantize makes only with an importance matrix.
+NEEDS_IMATRIX = {"IQ3_XS", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"}
 
 
 def run(*args, cwd=None):
@@ -84,11 +86,15 @@ def main() -> None:
     # recorded in the quantized files, so lone and llama-quantize must be given the same).
     run(LONE, "imatrix", "-m", src, "-f", CALIB, "-o", "lone.imatrix.gguf", "-c", "256",
         cwd=a.out)
-    run(IMATRIX, "-m", src, "-f", CALIB, "-o", "llama.imatrix.gguf", "-c", "256", "--no-ppl",
-        "-t", "2", cwd=a.out)
+    if IMATRIX.exists():
+        run(IMATRIX, "-m", src, "-f", CALIB, "-o", "llama.imatrix.gguf", "-c", "256",
+            "--no-ppl", "-t", "2", cwd=a.out)
     for t in [x for x in a.types.split(",") if x]:
         for im in [None, "lone.imatrix.gguf", "llama.imatrix.gguf"]:
-            if im == "llama.imatrix.gguf" and t not in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_0"):
+            if im == "llama.imatrix.gguf" and (
+                    t not in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_0") or not IMATRIX.exists()):
+                continue
+            if im is None and t in NEEDS_IMATRIX:
                 continue
             tag = {None: "", "lone.imatrix.gguf": "-imat", "llama.imatrix.gguf": "-llimat"}[im]
             lone_f = a.out / f"lone-{t}{tag}.gguf"
@@ -99,6 +105,13 @@ def main() -> None:
             row = {"model": a.name, "type": t, "imatrix": im or "none",
                    "identical_to_llama_quantize": sha(lone_f) == sha(ll_f)}
             row.update(measure(lone_f, src, params))
+            if t.startswith(("IQ", "TQ")):
+                # The issue's check: lone's perplexity of the file beside llama-perplexity's.
+                row["lone_ppl"] = json.loads(run(LONE, "perplexity", "-m", lone_f, "-f", EVAL,
+                                                 "-c", "256", "--json").stdout)["ppl"]
+                r = run(PERPLEXITY, "-m", lone_f, "-f", EVAL, "-c", "256", "-t", "2")
+                row["llama_ppl"] = float(re.search(r"Final estimate: PPL = ([0-9.]+)",
+                                                   r.stdout + r.stderr).group(1))
             if not row["identical_to_llama_quantize"]:
                 row["llama"] = measure(ll_f, src, params)
             emit(row)
@@ -138,9 +151,13 @@ def main() -> None:
                   f"{r['lone_ppl']:.4f}, llama-perplexity {r['llama_ppl']:.4f} |")
             continue
         same = r.get("identical_to_llama_quantize")
+        ppl = ""
+        if "lone_ppl" in r:
+            d = 100 * (r["lone_ppl"] / r["llama_ppl"] - 1)
+            ppl = f" {r['lone_ppl']:.3f} / {r['llama_ppl']:.3f} ({d:+.2f} %) |"
         print(f"| {r['type']}{im} | {r['bpw']:.2f} | {r['bytes'] / 2**20:.1f} | {r['cos']:.5f} | "
               f"{r['kld']:.5f} | {100 * r['same_top']:.1f} % | {r['ppl_ratio']:.4f} | "
-              f"{'identical' if same else ('—' if same is None else 'differs')} |")
+              f"{'identical' if same else ('—' if same is None else 'differs')} |{ppl}")
 
 
 if __name__ == "__main__":
