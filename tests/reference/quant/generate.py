@@ -426,11 +426,14 @@ def make_weighted_case(rng: np.random.Generator, c: ctypes.CDLL, name: str,
 # without. Each name maps to ggml's table set-up (`ggml_quantize_init`): None, or
 # ("iq2xs_init_impl", ggml type id) / ("iq3xs_init_impl", grid size).
 IQ_QUANTIZE = {"IQ4_NL": None, "IQ4_XS": None, "TQ1_0": None, "TQ2_0": None,
-               "IQ3_XXS": ("iq3xs_init_impl", 256), "IQ3_S": ("iq3xs_init_impl", 512)}
+               "IQ3_XXS": ("iq3xs_init_impl", 256), "IQ3_S": ("iq3xs_init_impl", 512),
+               "IQ2_XXS": ("iq2xs_init_impl", 16), "IQ2_XS": ("iq2xs_init_impl", 17),
+               "IQ2_S": ("iq2xs_init_impl", 22), "IQ1_S": ("iq2xs_init_impl", 19),
+               "IQ1_M": ("iq2xs_init_impl", 29)}
 IQ_NEEDS_WEIGHTS = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 # Formats whose cases also hold an all-zero 32-element sub-block inside a block (IQ3_S skips
 # it without advancing its index and sign slots).
-IQ_ZERO_SUB_BLOCK = {"IQ3_XXS", "IQ3_S"}
+IQ_ZERO_SUB_BLOCK = {"IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
 
 
 def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> list[dict]:

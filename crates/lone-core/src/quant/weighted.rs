@@ -20,7 +20,7 @@ use crate::tensor::DType;
 
 /// `make_qp_quants`: non-negative levels `0..=nmax` for non-negative `x` (sub-block scales),
 /// weighted by `qw`; returns the scale.
-fn make_qp_quants(x: &[f32], nmax: i32, l: &mut [u8], qw: &[f32]) -> f32 {
+pub(crate) fn make_qp_quants(x: &[f32], nmax: i32, l: &mut [u8], qw: &[f32]) -> f32 {
     let n = x.len();
     let mut max = 0.0f32;
     for &v in x {
