@@ -435,6 +435,10 @@ IQ_NEEDS_WEIGHTS = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 # it without advancing its index and sign slots).
 IQ_ZERO_SUB_BLOCK = {"IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
 
+# Formats with more rows than 4: IQ3's scale search takes its ends (is = ±15, ±9) on a few
+# sub-blocks only, with importances; 8 rows of 4 blocks hold some.
+IQ_ROWS = {"IQ3_XXS": 8, "IQ3_S": 8}
+
 
 def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> list[dict]:
     """ggml's `quantize_<type>(src, dst, nrow, n_per_row, quant_weights)` of weight-like rows,
@@ -443,7 +447,7 @@ def make_iquant_cases(rng: np.random.Generator, c: ctypes.CDLL, name: str) -> li
     init = IQ_QUANTIZE[name]
     if init is not None:
         getattr(c, init[0])(ctypes.c_int(init[1]))
-    rows, n = 4, 4 * max(bs, QK_K)
+    rows, n = IQ_ROWS.get(name, 4), 4 * max(bs, QK_K)
     cases = []
     for weighted in [True, False]:
         if not weighted and name in IQ_NEEDS_WEIGHTS:
