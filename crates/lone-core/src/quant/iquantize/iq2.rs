@@ -168,6 +168,21 @@ impl Grid {
         best
     }
 
+    /// The levels of the 8 elements `xval` nearest their values at `id`, into `l`; a pattern
+    /// off the grid takes its best neighbour at `scale` (weights `w`). Whether it was on it.
+    fn fit(&self, id: f32, scale: f32, xval: &[f32], w: &[f32], l: &mut [u8]) -> bool {
+        for (li, &v) in l[..8].iter_mut().zip(xval) {
+            *li = nearest_level(id, v);
+        }
+        match self.lookup(l) {
+            Near::On(_) => true,
+            Near::Off(near) => {
+                self.best_neighbour(near, xval, w, scale, l);
+                false
+            }
+        }
+    }
+
     /// The grid index of the levels `l`, which the fit has put on the grid (ggml aborts
     /// otherwise; garbage input may get point 0).
     fn index_of(&self, l: &[u8]) -> usize {
@@ -341,18 +356,13 @@ fn iq2_xxs(x: &[f32], qw: &[f32], y: &mut [u8]) {
             let mut laux = [0u8; 32];
             for k in 0..4 {
                 let g = 8 * k..8 * k + 8;
-                for (la, &v) in laux[g.clone()].iter_mut().zip(&xval[g.clone()]) {
-                    *la = nearest_level(id, v);
-                }
-                if let Near::Off(near) = grid.lookup(&laux[g.clone()]) {
-                    grid.best_neighbour(
-                        near,
-                        &xval[g.clone()],
-                        &waux[g.clone()],
-                        this_scale,
-                        &mut laux[g],
-                    );
-                }
+                grid.fit(
+                    id,
+                    this_scale,
+                    &xval[g.clone()],
+                    &waux[g.clone()],
+                    &mut laux[g],
+                );
             }
             let (sumqx, sumq2) = sums(&xval, &weight, &laux);
             if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
@@ -366,21 +376,7 @@ fn iq2_xxs(x: &[f32], qw: &[f32], y: &mut [u8]) {
             let id = 1.0 / scale;
             for k in 0..4 {
                 let g = 8 * k..8 * k + 8;
-                let mut lk = [0u8; 8];
-                for (lk, &v) in lk.iter_mut().zip(&xval[g.clone()]) {
-                    *lk = nearest_level(id, v);
-                }
-                let j = match grid.lookup(&lk) {
-                    Near::On(j) => j,
-                    Near::Off(near) => grid.best_neighbour(
-                        near,
-                        &xval[g.clone()],
-                        &waux[g.clone()],
-                        scale,
-                        &mut l[g.clone()],
-                    ),
-                };
-                l[g].copy_from_slice(grid.point(j));
+                grid.fit(id, scale, &xval[g.clone()], &waux[g.clone()], &mut l[g]);
             }
             let (sumqx, sumq2) = sums(&xval, &weight, &l);
             if sumq2 > 0.0 {
@@ -446,19 +442,13 @@ fn fit16(grid: &Grid, xval: &[f32; 16], weight: &[f32; 16], eps: f32) -> Option<
         let mut on_grid_aux = [true; 2];
         for (k, on) in on_grid_aux.iter_mut().enumerate() {
             let g = 8 * k..8 * k + 8;
-            for (la, &v) in laux[g.clone()].iter_mut().zip(&xval[g.clone()]) {
-                *la = nearest_level(id, v);
-            }
-            if let Near::Off(near) = grid.lookup(&laux[g.clone()]) {
-                *on = false;
-                grid.best_neighbour(
-                    near,
-                    &xval[g.clone()],
-                    &waux[g.clone()],
-                    this_scale,
-                    &mut laux[g],
-                );
-            }
+            *on = grid.fit(
+                id,
+                this_scale,
+                &xval[g.clone()],
+                &waux[g.clone()],
+                &mut laux[g],
+            );
         }
         let (sumqx, sumq2) = sums(xval, weight, &laux);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
@@ -472,12 +462,7 @@ fn fit16(grid: &Grid, xval: &[f32; 16], weight: &[f32; 16], eps: f32) -> Option<
         let id = 1.0 / scale;
         for k in (0..2).filter(|&k| !on_grid[k]) {
             let g = 8 * k..8 * k + 8;
-            for (lk, &v) in l[g.clone()].iter_mut().zip(&xval[g.clone()]) {
-                *lk = nearest_level(id, v);
-            }
-            if let Near::Off(near) = grid.lookup(&l[g.clone()]) {
-                grid.best_neighbour(near, &xval[g.clone()], &waux[g.clone()], scale, &mut l[g]);
-            }
+            grid.fit(id, scale, &xval[g.clone()], &waux[g.clone()], &mut l[g]);
         }
         let (sumqx, sumq2) = sums(xval, weight, &l);
         if sumq2 > 0.0 {
