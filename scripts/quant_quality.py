@@ -64,9 +64,8 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--bpw", default="4.5,5.5")
-    # Types lone reads but does not write (the i-quants, the ternary types): llama-quantize's
-    # files with llama-imatrix's matrix, measured by lone, and their perplexity by
-    # llama-perplexity beside lone's.
+    # llama-quantize's files alone (with llama-imatrix's matrix), measured by lone, and their
+    # perplexity by llama-perplexity beside lone's.
     ap.add_argument("--read-only", default="")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -221,22 +221,6 @@ fn assert_same_bytes(case: &Case, r: usize, got: &[u8], want: &[u8]) {
     }
 }
 
-/// A case of a format lone does not write (yet): writing it is refused, with the reason.
-fn refuses(case: &Case) -> bool {
-    if case.dtype.has_quantizer() {
-        return false;
-    }
-    let mut out = vec![0u8; case.row_bytes()];
-    let x = vec![0.5; case.n];
-    let no = Err(QuantError::NoQuantizer { dtype: case.dtype });
-    assert_eq!(quant::quantize_row(case.dtype, &x, &mut out), no);
-    assert_eq!(
-        quant::quantize_row_weighted(case.dtype, &x, &x, &mut out),
-        no
-    );
-    true
-}
-
 /// Quantization is byte-for-byte ggml's `quantize_row_*_ref` (via gguf-py, whose numpy code
 /// does the same f32 operations, the generator's numpy ports for Q8_1 and Q8_K, or ggml's C
 /// itself for Q2_K..Q6_K).
@@ -244,9 +228,6 @@ fn refuses(case: &Case) -> bool {
 fn quantize_matches_reference_byte_for_byte() {
     let mut checked = 0;
     for case in load_cases().into_iter().filter(|c| c.quantize) {
-        if refuses(&case) {
-            continue;
-        }
         let src = case.f32s("src");
         let rb = case.row_bytes();
         for (r, (x, want)) in src.chunks(case.n).zip(case.blocks().chunks(rb)).enumerate() {
@@ -274,9 +255,6 @@ fn weighted_quantize_matches_ggml_byte_for_byte() {
         .into_iter()
         .filter(|c| c.meta.get("weighted").is_some())
     {
-        if refuses(&case) {
-            continue;
-        }
         let src = case.f32s("src");
         let qw = case.f32s("qw");
         assert_eq!(qw.len(), case.n);

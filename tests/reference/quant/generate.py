@@ -8,9 +8,10 @@ The expected values come from outside lone's Rust code:
 * Q8_1 and Q8_K are not in gguf-py (they are ggml's activation formats); this script has its
   own numpy ports of ggml's `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref` and of the
   obvious dequantization `q * d`.
-* IQ4_NL and IQ4_XS (which lone reads but does not write) have dequantization cases only:
-  random blocks with a finite f16 `d`, and the first rows of a tensor llama-quantize wrote
-  into tests/reference/fixtures/llama/model-iq4_{nl,xs}.gguf.
+* The i-quants and ternary formats have dequantization cases (random blocks with finite
+  scales, and the first rows of a tensor llama-quantize wrote into
+  tests/reference/fixtures/llama/model-<type>.gguf) and quantization cases from ggml's own
+  `quantize_<type>` with and without importances (`IQ_QUANTIZE`, C compiled as below).
 * gguf-py cannot quantize the K-quants: their dequantization cases are random bytes with
   the f16 scale fields replaced by finite values (every other bit pattern is a valid block),
   and their quantization cases (`*_quant_*.bin`) are ggml's own `quantize_row_*_ref`,
