@@ -58,7 +58,7 @@ fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
         ("qwen2", "model-q8_0.gguf"),
         ("lfm3", "model-f32.gguf"),
         ("lfm2_moe", "model-q4_0.gguf"),
-        // IQ4_XS (its 8-bit kernels on x86, exact ones on aarch64).
+        // IQ4_XS (8-bit kernels: a scale per sub-block of 32; IQ4_NL on the other tensors).
         ("llama", "model-iq4_xs.gguf"),
         // IQ2_XS: a codebook i-quant with two scales per 32 elements.
         ("llama", "model-iq2_xs.gguf"),

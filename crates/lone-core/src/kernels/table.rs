@@ -442,20 +442,20 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
-    // The i-quants: 8-bit kernels on x86 (32-element blocks of signed levels against Q8_1
-    // activations, row by row); IQ4_NL and IQ4_XS have exact kernels only on aarch64 so far,
-    // the codebook and ternary formats (`grid_format!`) 8-bit ones too.
+    // The i-quants: 8-bit kernels on x86 and aarch64 (32-element blocks of signed levels
+    // against Q8_1 activations, row by row; IQ4_XS's sub-blocks each with its own scale), the
+    // codebook and ternary formats through `grid_format!`.
     with_predecode!(
         weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl,
         deq: Some(both!(deq_iq4_nl, DeqFn)), fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)),
-        fast: Some(all3!(iq4_nl, packed: false)), arm: iq4_nl),
+        fast: Some(all3!(iq4_nl, packed: false)), arm: iq4_nl, 8bit: Q8_1),
         iq4_nl_dec,
         iq4_nl_decode
     ),
     with_predecode!(
         weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs,
         deq: Some(both!(deq_iq4_xs, DeqFn)), fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)),
-        fast: Some(all3!(iq4_xs, packed: false)), arm: iq4_xs),
+        fast: Some(all3!(iq4_xs, packed: false)), arm: iq4_xs, 8bit: Q8_1),
         iq4_xs_dec,
         iq4_xs_decode
     ),

@@ -114,7 +114,7 @@ pub(in crate::kernels) struct WIQ4NL;
 /// The levels of the 32 elements whose index pairs are the 16 bytes at `p` (elements 0..16:
 /// the low nibbles, 16..32: the high ones), one table lookup (`tbl`) each.
 #[inline(always)]
-unsafe fn iq4_levels(p: *const u8) -> [int8x16_t; 2] {
+pub(super) unsafe fn iq4_levels(p: *const u8) -> [int8x16_t; 2] {
     let kv = vld1q_s8(crate::quant::reference_blocks::KVALUES_IQ4NL.as_ptr());
     nibbles(p).map(|v| vqtbl1q_s8(kv, v))
 }

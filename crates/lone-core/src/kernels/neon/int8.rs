@@ -1,5 +1,6 @@
 //! 8-bit kernels (fast mode): integer dot products of the weight codes with 8-bit activation
-//! blocks — Q8_1 for the 32-element formats, Q8_K for the K-quants, as llama.cpp pairs them.
+//! blocks — Q8_1 for the 32-element formats, Q8_K for the K-quants, as llama.cpp pairs them;
+//! Q8_1 for IQ4_NL and IQ4_XS too, as on x86 (a scale per 32 elements).
 //! The result is the dot product of the dequantized weights with the dequantized
 //! activations (integer sums are exact; the scales are applied in f32).
 
@@ -158,6 +159,104 @@ pub(super) unsafe fn legacy_8bit_n<D: Dot, W: LegacyW, const NX: usize>(a: &MatA
 #[inline(always)]
 pub(in crate::kernels) unsafe fn legacy_8bit<D: Dot, W: LegacyW>(a: &MatArgs) {
     by_nx!(a, legacy_8bit_n, D, W)
+}
+
+/// Bytes of an IQ4_XS super-block: f16 `d`, u16 `scales_h`, 4 bytes `scales_l`, 128 bytes of
+/// index pairs (16 per sub-block of 32).
+const IQ4XS_BB: usize = 136;
+
+/// IQ4_XS weights × Q8_1 activation rows, as [`legacy_8bit_n`] with each 32-element
+/// sub-block `j` of a super-block as a block: its levels (`kvalues_iq4nl` looked up by
+/// `tbl`, [`iq4_levels`]) and its scale `dl_j = d·(ls_j − 32)`, the reference's f32 value
+/// (x86's pairing: one activation scale per 32 elements, where llama.cpp takes Q8_K's one
+/// per 256). Four weight rows at a time, their 6-bit `ls_j` extracted as i32 lanes (one per
+/// row) from the four super-blocks' headers; per sub-block
+/// `acc = fma(float(Σ c·q), dl·dx, acc)`, the rows past a multiple of 4 computing that very
+/// chain one at a time.
+#[inline(always)]
+unsafe fn iq4xs_8bit_n<D: Dot, const NX: usize>(a: &MatArgs) {
+    let (ns, nb) = (a.k / 256, a.k / 32);
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    let sides: [*const f32; NX] = core::array::from_fn(|t| xs[t].add(nb * Q8_1_BB) as *const f32);
+    // The products of sub-block `b` (its levels `q`) with each activation row's block `b`.
+    let dots = |q: [int8x16_t; 2], b: usize, t: usize| {
+        let xb = xs[t].add(b * Q8_1_BB + 4) as *const i8;
+        D::dot(
+            D::dot(vdupq_n_s32(0), q[0], vld1q_s8(xb)),
+            q[1],
+            vld1q_s8(xb.add(16)),
+        )
+    };
+    let r4 = a.rows / 4 * 4;
+    for r in (0..r4).step_by(4) {
+        let w: [*const u8; 4] = core::array::from_fn(|i| a.w.add((r + i) * a.w_stride));
+        let mut acc = [vdupq_n_f32(0.0); NX];
+        for s in 0..ns {
+            let sb: [*const u8; 4] = core::array::from_fn(|i| w[i].add(s * IQ4XS_BB));
+            // The four headers: lanes of `dh` are `d | scales_h << 16`, of `sl` `scales_l`.
+            let head = |i: usize| vreinterpret_u32_u8(vld1_u8(sb[i]));
+            let (h01, h23) = (
+                vcombine_u32(head(0), head(1)),
+                vcombine_u32(head(2), head(3)),
+            );
+            let (dh, mut sl) = (vuzp1q_u32(h01, h23), vuzp2q_u32(h01, h23));
+            let d = cvt_f16x4(vmovn_u32(dh));
+            let mut sh = vshrq_n_u32::<16>(dh);
+            for j in 0..8 {
+                // ls_j: the low nibble of `sl`, the low 2 bits of `sh` above it; then the
+                // next sub-block's fields to the bottom.
+                let ls = vsliq_n_u32::<4>(
+                    vandq_u32(sl, vdupq_n_u32(0x0f)),
+                    vandq_u32(sh, vdupq_n_u32(3)),
+                );
+                sl = vshrq_n_u32::<4>(sl);
+                sh = vshrq_n_u32::<2>(sh);
+                let ls = vsubq_s32(vreinterpretq_s32_u32(ls), vdupq_n_s32(32));
+                let dl = vmulq_f32(d, vcvtq_f32_s32(ls));
+                let q: [[int8x16_t; 2]; 4] =
+                    core::array::from_fn(|i| iq4_levels(sb[i].add(8 + 16 * j)));
+                let b = 8 * s + j;
+                for t in 0..NX {
+                    let p: [int32x4_t; 4] = core::array::from_fn(|i| dots(q[i], b, t));
+                    let p = vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+                    // [dx·Σq, dx] of the activation block.
+                    let sx = vld1_f32(sides[t].add(b * Q8_1_SIDE / 4));
+                    acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(p), vmulq_lane_f32::<1>(dl, sx));
+                }
+            }
+        }
+        for t in 0..NX {
+            vst1q_f32(a.out.add(t * a.out_stride + r), acc[t]);
+        }
+    }
+    for r in r4..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        for s in 0..ns {
+            let sb = w.add(s * IQ4XS_BB);
+            let d = f16_at(sb);
+            let sh = u32::from((sb.add(2) as *const u16).read_unaligned());
+            let sl = (sb.add(4) as *const u32).read_unaligned();
+            for j in 0..8 {
+                let ls = ((sl >> (4 * j)) & 0x0f) | (((sh >> (2 * j)) & 3) << 4);
+                let dl = d * (ls as i32 - 32) as f32;
+                let q = iq4_levels(sb.add(8 + 16 * j));
+                let b = 8 * s + j;
+                for t in 0..NX {
+                    let dx = sides[t].add(b * Q8_1_SIDE / 4 + 1).read_unaligned();
+                    acc[t] = (vaddvq_s32(dots(q, b, t)) as f32).mul_add(dl * dx, acc[t]);
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = acc[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn iq4xs_8bit<D: Dot>(a: &MatArgs) {
+    by_nx!(a, iq4xs_8bit_n, D)
 }
 
 /// Bytes of a Q8_K activation block: f32 d, 256 codes, 16 i16 sums of 16 codes.

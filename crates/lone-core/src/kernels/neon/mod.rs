@@ -11,8 +11,8 @@
 //!   i-quants and ternary formats too (`iqgrid`: grid rows and sign masks looked up into
 //!   signed codes); all FMA'd with up to 4 activation rows per weight load (`exact`, `float`);
 //! - for the formats llama.cpp pairs with 8-bit activations (here Q2_K and Q3_K too), and the
-//!   codebook i-quants and ternary formats (against Q8_1 as on x86), an **8-bit**
-//!   matrix-vector kernel
+//!   i-quants and ternary formats (against Q8_1 as on x86: IQ4_NL, IQ4_XS in `int8`, the
+//!   codebook ones and ternary in `iqgrid`), an **8-bit** matrix-vector kernel
 //!   (`int8`, `iqgrid`): integer dot products of the weight codes with Q8_1 / Q8_K activation
 //!   blocks, one generic body over [`Dot`]: `smull`+`sadalp` at the NEON level, `sdot` with
 //!   dotprod;
@@ -95,8 +95,8 @@ pub(in crate::kernels) struct ArmKernels {
     /// The 8-bit matrix-vector kernels, [NEON, NEON + dotprod], each with whether it reads
     /// the rows-by-8 layout ([`crate::kernels::packed`]), and the activation format they take:
     /// llama.cpp's pairing (Q8_1 for the 32-element formats, Q8_K for the K-quants, Q2_K and
-    /// Q3_K included, which have no 8-bit kernels on x86), Q8_1 for the codebook i-quants and
-    /// ternary formats (x86's pairing: llama.cpp takes Q8_K).
+    /// Q3_K included, which have no 8-bit kernels on x86), Q8_1 for the i-quants and ternary
+    /// formats (x86's pairing: llama.cpp takes Q8_0 for IQ4_NL, Q8_K for the others).
     pub(in crate::kernels) fast: Option<([(MatFn, bool); 2], DType)>,
     /// The 8-bit kernels for several activation rows in the pair layout ([`pairs`]), over
     /// the rows-by-8 layout: [NEON + dotprod, + i8mm]. At the dotprod level only where
@@ -259,6 +259,8 @@ pub(in crate::kernels) mod base {
     entry!(q4_k, q45k_8bit::<Smull, false>);
     entry!(q5_k, q45k_8bit::<Smull, true>);
     entry!(q6_k, q6k_8bit::<Smull>);
+    entry!(iq4_nl, legacy_8bit::<Smull, WIQ4NL>);
+    entry!(iq4_xs, iq4xs_8bit::<Smull>);
     entry!(iq2_xxs, grid_8bit::<Smull, KIQ2XXS>);
     entry!(iq2_xs, grid_8bit::<Smull, KIQ2XS>);
     entry!(iq2_s, grid_8bit::<Smull, KIQ2S>);
@@ -284,6 +286,8 @@ pub(in crate::kernels) mod dot {
     entry!(q4_k, "dotprod", q45k_8bit::<Sdot, false>);
     entry!(q5_k, "dotprod", q45k_8bit::<Sdot, true>);
     entry!(q6_k, "dotprod", k_rows8::<KR6>);
+    entry!(iq4_nl, "dotprod", legacy_8bit::<Sdot, WIQ4NL>);
+    entry!(iq4_xs, "dotprod", iq4xs_8bit::<Sdot>);
     entry!(iq2_xxs, "dotprod", grid_8bit::<Sdot, KIQ2XXS>);
     entry!(iq2_xs, "dotprod", grid_8bit::<Sdot, KIQ2XS>);
     entry!(iq2_s, "dotprod", grid_8bit::<Sdot, KIQ2S>);
