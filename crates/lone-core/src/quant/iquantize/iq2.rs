@@ -21,21 +21,13 @@ use super::super::iq_tables::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use super::super::kquantize::GROUP_MAX_EPS;
 use super::super::kquants::{nearest_int, QK_K};
 use super::super::weighted::make_qp_quants;
+use super::c_max;
+use super::sum_squares;
 use crate::tensor::DType;
 
 mod iq1;
 
 pub(super) const WRITES: bool = true;
-
-/// ggml's `MAX(a, b)`, `a > b ? a : b` (a NaN `b` wins, unlike [`f32::max`]).
-#[inline]
-fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
 
 /// The pattern of 8 levels: element i's level in bits 2i and 2i+1 (ggml's `kgrid_*` packing).
 #[inline]
@@ -302,14 +294,6 @@ fn weights(x: &[f32], qw: &[f32], sigma2: f32, w: &mut [f32]) {
     for ((w, &x), &q) in w.iter_mut().zip(x).zip(qw) {
         *w = q * (sigma2 + x * x).sqrt();
     }
-}
-
-fn sum_squares(x: &[f32]) -> f32 {
-    let mut s = 0.0f32;
-    for &v in x {
-        s += v * v;
-    }
-    s
 }
 
 fn max_of(x: &[f32]) -> f32 {

@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 use super::super::float::f32_to_f16;
 use super::super::iq_tables::{IQ3S_GRID, IQ3XXS_GRID};
 use super::super::kquants::{nearest_int, QK_K};
+use super::{c_max, sum_squares};
 use crate::tensor::DType;
 
 pub(super) const WRITES: bool = true;
@@ -202,15 +203,6 @@ struct Fit {
     xxs: bool,
 }
 
-/// ggml's `MAX(a, b)`: `a > b ? a : b` (so a NaN `b` wins, a NaN `a` loses).
-fn max_c(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
 /// The fitting weights of a sub-block: `qw·sqrt(σ² + x²)` with importances, else `x²`.
 fn weights(xb: &[f32], qw: Option<&[f32]>, sigma2: f32) -> [f32; 32] {
     std::array::from_fn(|i| match qw {
@@ -269,11 +261,7 @@ fn scale_code(id: f32, scale: f32) -> u8 {
 
 /// `2·Σx² / 256` of a super-block.
 fn sigma2(x: &[f32]) -> f32 {
-    let mut sumx2 = 0.0f32;
-    for &v in x {
-        sumx2 += v * v;
-    }
-    2.0 * sumx2 / QK_K as f32
+    2.0 * sum_squares(x) / QK_K as f32
 }
 
 /// One IQ3_XXS super-block (98 bytes): d, 64 grid indices, 8 × (4 × 7 sign bits, scale).
@@ -315,7 +303,7 @@ fn iq3_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
             }
             *s &= 127;
         }
-        let max = xval[1..].iter().fold(xval[0], |m, &v| max_c(m, v));
+        let max = xval[1..].iter().fold(xval[0], |m, &v| c_max(m, v));
         if max < 1e-8 {
             continue;
         }
@@ -333,7 +321,7 @@ fn iq3_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
             .fold(0u32, |a, (k, &s)| a | u32::from(s) << (7 * k));
         b[66 + 4 * ib..70 + 4 * ib].copy_from_slice(&aux.to_le_bytes());
         scales[ib] = scale;
-        max_scale = max_c(max_scale, scale);
+        max_scale = c_max(max_scale, scale);
     }
     if max_scale == 0.0 {
         b.fill(0);
@@ -373,7 +361,7 @@ fn iq3_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
                 signs[i / 8] |= 1 << (i % 8);
             }
         }
-        let max = xval[1..].iter().fold(xval[0], |m, &v| max_c(m, v));
+        let max = xval[1..].iter().fold(xval[0], |m, &v| c_max(m, v));
         if max == 0.0 {
             continue;
         }
@@ -389,7 +377,7 @@ fn iq3_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
         b[74 + 4 * slot..78 + 4 * slot].copy_from_slice(&signs);
         slot += 1;
         scales[ib] = scale;
-        max_scale = max_c(max_scale, scale);
+        max_scale = c_max(max_scale, scale);
     }
     if max_scale == 0.0 {
         return;

@@ -13,6 +13,7 @@ use super::super::float::f32_to_f16;
 use super::super::iquants::KVALUES_IQ4NL;
 use super::super::kquantize::GROUP_MAX_EPS;
 use super::super::kquants::{nearest_int, QK_K};
+use super::sum_squares;
 use crate::tensor::DType;
 
 pub(super) const WRITES: bool = true;
@@ -104,11 +105,7 @@ fn weights(xb: &[f32], qw: Option<&[f32]>, sigma2: f32, out: &mut [f32; 32]) {
 }
 
 fn sigma2(x: &[f32]) -> f32 {
-    let mut s = 0.0f32;
-    for &v in x {
-        s += v * v;
-    }
-    s * (2.0 / x.len() as f32)
+    sum_squares(x) * (2.0 / x.len() as f32)
 }
 
 /// 32 levels into 16 bytes: element j in the low nibble of byte j, j + 16 in the high.

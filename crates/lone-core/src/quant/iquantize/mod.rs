@@ -18,6 +18,26 @@ mod iq3;
 mod iq4;
 mod ternary;
 
+/// ggml's `MAX(a, b)`, `a > b ? a : b` (a NaN `b` wins, a NaN `a` loses, unlike
+/// [`f32::max`]), which the quantizers' searches keep for the same bytes.
+#[inline]
+pub(super) fn c_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `Σ x²` in order (f32).
+pub(super) fn sum_squares(x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
 /// Whether lone writes `dtype` (an i-quant or ternary format).
 pub(crate) fn writes(dtype: DType) -> bool {
     match dtype {
