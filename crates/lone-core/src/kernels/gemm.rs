@@ -119,6 +119,9 @@ pub(super) enum Path {
     /// Fast mode's 8-bit GEMM.
     #[cfg(target_arch = "x86_64")]
     Igemm,
+    /// The super-block i-quants' 8-bit GEMM (fast and auto modes).
+    #[cfg(target_arch = "x86_64")]
+    SbGemm,
     Rows,
 }
 
@@ -137,6 +140,10 @@ pub(super) fn path(kern: &Kernel, n: usize, k: usize) -> Path {
     if kern.igemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Path::Igemm;
     }
+    #[cfg(target_arch = "x86_64")]
+    if kern.sbgemm && n >= IGEMM_MIN_ROWS && k.is_multiple_of(256) {
+        return Path::SbGemm;
+    }
     let _ = k;
     Path::Rows
 }
@@ -149,6 +156,8 @@ pub(super) fn run_gemm_path(p: Path, jobs: &[Job], x: &[f32], n: usize) {
         Path::Gemm(_) => gemm(jobs, x, n),
         #[cfg(target_arch = "x86_64")]
         Path::Igemm => igemm(jobs, x, n),
+        #[cfg(target_arch = "x86_64")]
+        Path::SbGemm => sb_gemm(jobs, x, n),
         _ => unreachable!("not a GEMM path: {p:?}"),
     }
 }
@@ -334,6 +343,128 @@ thread_local! {
     pub(super) static XIPACK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// [`sb_gemm`]'s Q8_K rows and their packed blocks (codes, `dx`, `ys`).
+#[cfg(target_arch = "x86_64")]
+type SbPack = (Vec<u8>, Vec<u8>, Vec<f32>, Vec<i32>);
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static SBPACK: RefCell<SbPack> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+    /// [`sb_gemm`]'s unpacked weight tile (codes; scales and mins; `dw` and `dmin`).
+    static SBBUF: RefCell<(Vec<u8>, Vec<i32>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// The super-block i-quants' many-row path ([`int8sb`]): the activation rows quantized to
+/// Q8_K once (by the matrix-vector path's own quantizer) and packed, then each task unpacks
+/// `GEMM_TILE_ROWS` weight rows and multiplies them by every packed block.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn sb_gemm(jobs: &[Job], x: &[f32], n: usize) {
+    let isa = jobs[0].kern.isa;
+    let k = jobs[0].w.row_len();
+    let qb = DType::Q8K
+        .bytes_for(k)
+        .expect("super-block rows are whole Q8_K blocks (path)");
+    let blocks = n.div_ceil(int8::TB);
+    let (xb, db, yb) = int8sb::block_sizes(k);
+    let (mut q, mut xq, mut dx, mut ys) = SBPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    grow(&mut q, n * qb);
+    quantize_rows(DType::Q8K, x, k, qb, qb, &mut q[..n * qb]);
+    grow(&mut xq, blocks * xb);
+    grow(&mut dx, blocks * db);
+    grow(&mut ys, blocks * yb);
+    let (xqp, dxp, ysp) = (
+        SendPtr(xq.as_mut_ptr()),
+        SendPtr(dx.as_mut_ptr()),
+        SendPtr(ys.as_mut_ptr()),
+    );
+    let qp = SendPtr(q.as_mut_ptr());
+    parallel_for(blocks, 1, &|range| {
+        let (xqp, dxp, ysp, qp) = (&xqp, &dxp, &ysp, &qp);
+        for b in range {
+            let rows = int8::TB.min(n - b * int8::TB);
+            // SAFETY: block b's outputs lie inside the buffers sized above and only this task
+            // writes them; q holds n Q8_K rows of qb bytes, rows b·TB.. of which are read.
+            unsafe {
+                int8sb::pack_q8k(
+                    qp.0.add(b * int8::TB * qb),
+                    qb,
+                    rows,
+                    k,
+                    xqp.0.add(b * xb),
+                    dxp.0.add(b * db),
+                    ysp.0.add(b * yb),
+                )
+            };
+        }
+    });
+    let (xqp, dxp, ysp) = (
+        SendPtr(xq.as_mut_ptr()),
+        SendPtr(dx.as_mut_ptr()),
+        SendPtr(ys.as_mut_ptr()),
+    );
+    for_each_tile(jobs, &|job, range| {
+        let (xqp, dxp, ysp) = (&xqp, &dxp, &ysp);
+        let m = job.w.n_rows();
+        let dtype = job.w.dtype;
+        let gemm = int8sb::gemm_fn(isa, dtype);
+        let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
+        let rows = range.len();
+        // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
+        let (cs, gs, ss) = (k + 64, k / 16, k / 256);
+        with_stored_rows_unless(job.w, range.clone(), false, |wp| {
+            SBBUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let (codes, ints, floats) = &mut *buf;
+                grow(codes, rows * cs);
+                grow(ints, 2 * rows * gs);
+                grow(floats, 2 * rows * ss);
+                let (sc, mn) = ints[..2 * rows * gs].split_at_mut(rows * gs);
+                let (dw, dmin) = floats[..2 * rows * ss].split_at_mut(rows * ss);
+                for r in 0..rows {
+                    // SAFETY: `wp` holds the tile's rows·rb stored bytes; the outputs are row
+                    // r of the buffers sized above; `dtype` is supported (sbgemm flag).
+                    unsafe {
+                        int8sb::unpack(
+                            dtype,
+                            wp.add(r * rb),
+                            k,
+                            codes.as_mut_ptr().add(r * cs),
+                            sc.as_mut_ptr().add(r * gs),
+                            dw.as_mut_ptr().add(r * ss),
+                            mn.as_mut_ptr().add(r * gs),
+                            dmin.as_mut_ptr().add(r * ss),
+                        )
+                    };
+                }
+                let a = int8sb::SbGemmArgs {
+                    codes: codes.as_ptr(),
+                    c_stride: cs,
+                    sc: sc.as_ptr(),
+                    dw: dw.as_ptr(),
+                    mn: mn.as_ptr(),
+                    dmin: dmin.as_ptr(),
+                    rows,
+                    xq: xqp.0,
+                    dx: dxp.0,
+                    ys: ysp.0,
+                    n,
+                    k,
+                    // SAFETY: columns `range` of every output row (out has n·m elements).
+                    out: unsafe { job.out.0.add(range.start) },
+                    out_stride: m,
+                };
+                // SAFETY: the buffers hold what SbGemmArgs describes; out[t·m + r] for r in
+                // this task's range is written by this task alone; rows ≥ 1, n ≥ 1; the
+                // kernel's level is the jobs' (available: the kernel table's).
+                unsafe { gemm(&a) };
+            })
+        });
+    });
+    SBPACK.with(|b| *b.borrow_mut() = (q, xq, dx, ys));
+}
+
 /// Fast mode's many-row path ([`int8`]): activation rows quantized to 8 bits and packed once,
 /// then each task unpacks `GEMM_TILE_ROWS` weight rows to 8-bit codes and multiplies them by
 /// every packed block with `vpdpbusd` (AVX-VNNI, AVX-512 VNNI) or `vpmaddubsw` (AVX2) — the
@@ -474,6 +605,10 @@ pub(super) fn fast_act_for(isa: Isa, dtype: DType, n: usize, k: usize) -> Option
     #[cfg(target_arch = "x86_64")]
     if int8::supports(isa, dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(32) {
         return Some(DType::Q8_0);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if int8sb::supports(isa, dtype) && n >= IGEMM_MIN_ROWS && k.is_multiple_of(256) {
+        return Some(DType::Q8K);
     }
     if isa.is_x86() && n >= GEMM_MIN_ROWS {
         // The f32 GEMM.

@@ -19,6 +19,7 @@
 
 use core::arch::x86_64::*;
 
+use super::x86::WIQ4NL;
 use super::x86::{for_each_micro, write_acc256, write_acc512, WQ5_1, WQ8_0, XQ5K, XQ6K};
 use super::x86::{KExactW, LegacyW, WQ4_0, WQ4_0U, WQ4_1, WQ5_0, WQ5_0U, XQ4K};
 use crate::tensor::DType;
@@ -26,9 +27,10 @@ use crate::tensor::DType;
 /// Activation rows per packed block: two 16-lane vectors.
 pub(super) const TB: usize = 32;
 
-/// Formats this path takes on `isa`. Plain AVX2 leaves Q8_0 to the f32 GEMM: its signed
-/// 8-bit codes need `vpsignb` twice and a flush per `vpmaddubsw`, slower than the f32 FMA
-/// GEMM (LFM2-350M pp512 260-268 against 268-284 tok/s, Qwen2.5-0.5B 203 against 215).
+/// Formats this path takes on `isa`. Plain AVX2 leaves Q8_0 and the i-quants to the f32
+/// GEMM: their signed 8-bit codes need `vpsignb` twice and a flush per `vpmaddubsw`, slower
+/// than the f32 FMA GEMM (Q8_0: LFM2-350M pp512 260-268 against 268-284 tok/s, Qwen2.5-0.5B
+/// 203 against 215). The other i-quants take their own GEMM (`int8sb`).
 pub(super) fn supports(isa: super::Isa, dtype: DType) -> bool {
     (isa.is_x86()
         && matches!(
@@ -41,7 +43,8 @@ pub(super) fn supports(isa: super::Isa, dtype: DType) -> bool {
                 | DType::Q5K
                 | DType::Q6K
         ))
-        || (dtype == DType::Q8_0 && matches!(isa, super::Isa::AvxVnni | super::Isa::Avx512))
+        || (matches!(isa, super::Isa::AvxVnni | super::Isa::Avx512)
+            && matches!(dtype, DType::Q8_0 | DType::IQ4NL))
 }
 
 /// Packed activation block sizes for `k` elements: (bytes of `xq`, f32 of `dx`, of `sx`).
@@ -210,7 +213,33 @@ pub(super) unsafe fn unpack(
                 unpack_k::<XQ6K, false>(src, k, codes, dw, cw)
             }
         }
+        (DType::IQ4NL, _) => unpack_iq::<WIQ4NL>(src, k, codes, dw, cw),
         _ => unreachable!("checked by supports()"),
+    }
+}
+
+/// IQ4_NL: each block as the 8-bit matrix-vector kernels decode it (signed levels `q`),
+/// `q` becoming `q + 128` with `cw = −128·dw` (whole-byte codes: the `vpdpbusd` levels
+/// only, [`supports`]).
+#[inline(always)]
+unsafe fn unpack_iq<W: LegacyW>(
+    src: *const u8,
+    k: usize,
+    codes: *mut u8,
+    dw: *mut f32,
+    cw: *mut f32,
+) {
+    debug_assert!(W::SIGNED);
+    for b in 0..k / 32 {
+        let (q, d0, d1, _) = W::decode_split(src, b);
+        _mm256_storeu_si256(
+            codes.add(32 * b) as *mut __m256i,
+            _mm256_xor_si256(q, _mm256_set1_epi8(-128)),
+        );
+        for (g, d) in [(2 * b, d0), (2 * b + 1, d1)] {
+            *dw.add(g) = d;
+            *cw.add(g) = -128.0 * d;
+        }
     }
 }
 

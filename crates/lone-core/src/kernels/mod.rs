@@ -33,6 +33,8 @@ mod bf16;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8sb;
 mod matmul;
 mod mode;
 #[cfg(target_arch = "aarch64")]

@@ -208,6 +208,9 @@ pub(super) struct Kernel {
     pub(super) igemm: bool,
     /// Fast mode, BF16 weights: the bf16 GEMM ([`bf16`]) for many activation rows.
     pub(super) bgemm: bool,
+    /// The super-block i-quants' 8-bit GEMM ([`int8sb`]) for many activation rows: each row's
+    /// outputs those of `f` alone, so [`Mode::Auto`] keeps it too.
+    pub(super) sbgemm: bool,
     /// `f` reads the weights in [`packed`]'s rows-by-8 layout ([`Tensor::packed`]).
     pub(super) packed: bool,
     /// The family the kernel belongs to (the 8-bit GEMM's level).
@@ -368,14 +371,15 @@ macro_rules! weight_format {
 }
 
 /// A codebook i-quant or ternary format: on x86, sub-blocks of 32 decoded to signed codes
-/// with their scales (`x86::iqgrid`), multiplied against Q8_1 activations row by row (8-bit)
-/// or widened to f32 (exact, and the f32 GEMM's row dequantizer); on aarch64 likewise from
-/// super-blocks decoded to groups of 16 in NEON (`neon::iqgrid`), its kernels named `$fast`.
+/// with integer scales against Q8_K activations, one float step per super-block (8-bit,
+/// `x86::iqsuper`), or with their f32 scales widened to f32 (exact, and the f32 GEMM's row
+/// dequantizer, `x86::iqgrid`); on aarch64 from super-blocks decoded to groups of 16 in NEON
+/// against Q8_1 (`neon::iqgrid`), its kernels named `$fast`.
 macro_rules! grid_format {
     ($dtype:ident, $fast:ident, $exact:ident, $deq:ident, $mat:ident, $dec:ident) => {
         Format {
             dtype: DType::$dtype,
-            act: Some(DType::Q8_1),
+            act: Some(DType::Q8K),
             #[cfg(target_arch = "x86_64")]
             x86: X86Kernels {
                 exact: both!($exact, MatFn),
@@ -429,10 +433,19 @@ pub(super) const FORMATS: &[Format] = &[
         fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
         arm: q8_0, 8bit: Q8_1, rows8, pairs: i8mm),
-    weight_format!(Q2K, None, exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)), fac: None, fast: None,
-        arm: q2_k, 8bit: Q8K, rows8),
-    weight_format!(Q3K, None, exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)), fac: None, fast: None,
-        arm: q3_k, 8bit: Q8K, rows8),
+    // Q2_K, Q3_K: on x86 the super-block kernels of the i-quants (`x86::iqsuper`).
+    with_predecode!(
+        weight_format!(Q2K, Some(DType::Q8K), exact: exact_q2_k, deq: Some(both!(deq_q2_k, DeqFn)),
+        fac: None, fast: Some(all3!(q2_k, packed: false)), arm: q2_k, 8bit: Q8K, rows8),
+        q2_k_dec,
+        q2_k_decode
+    ),
+    with_predecode!(
+        weight_format!(Q3K, Some(DType::Q8K), exact: exact_q3_k, deq: Some(both!(deq_q3_k, DeqFn)),
+        fac: None, fast: Some(all3!(q3_k, packed: false)), arm: q3_k, 8bit: Q8K, rows8),
+        q3_k_dec,
+        q3_k_decode
+    ),
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
         fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true)),
         arm: q4_k, 8bit: Q8K),
@@ -442,9 +455,9 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
-    // The i-quants: 8-bit kernels on x86 and aarch64 (32-element blocks of signed levels
-    // against Q8_1 activations, row by row; IQ4_XS's sub-blocks each with its own scale), the
-    // codebook and ternary formats through `grid_format!`.
+    // The i-quants: 8-bit kernels on x86 and aarch64. IQ4_NL: 32-element blocks of signed
+    // levels against Q8_1 activations. IQ4_XS, like the codebook and ternary formats
+    // (`grid_format!`), against Q8_K on x86 (`x86::iqsuper`), Q8_1 on aarch64.
     with_predecode!(
         weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl,
         deq: Some(both!(deq_iq4_nl, DeqFn)), fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)),
@@ -453,7 +466,7 @@ pub(super) const FORMATS: &[Format] = &[
         iq4_nl_decode
     ),
     with_predecode!(
-        weight_format!(IQ4XS, Some(DType::Q8_1), exact: exact_iq4_xs,
+        weight_format!(IQ4XS, Some(DType::Q8K), exact: exact_iq4_xs,
         deq: Some(both!(deq_iq4_xs, DeqFn)), fac: Some((x86::fac::iq4_xs as MatFn, Act::F32)),
         fast: Some(all3!(iq4_xs, packed: false)), arm: iq4_xs, 8bit: Q8_1),
         iq4_xs_dec,
@@ -562,6 +575,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         gemm: None,
         igemm: false,
         bgemm: false,
+        sbgemm: false,
         packed: false,
         isa: Isa::Scalar,
         pairs: None,
@@ -579,7 +593,8 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
             }
             k.bgemm = !exact && dtype == DType::BF16 && isa == Isa::Avx512 && bf16::pays();
             k.igemm = !exact && int8::supports(isa, dtype);
-            if k.igemm {
+            k.sbgemm = !exact && int8sb::supports(isa, dtype);
+            if k.igemm || k.sbgemm {
                 k.gemm = None;
             }
             k
@@ -633,6 +648,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             }),
             igemm: false,
             bgemm: false,
+            sbgemm: false,
             packed: false,
             isa,
             pairs: None,
@@ -650,6 +666,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             gemm: None,
             igemm: false,
             bgemm: false,
+            sbgemm: false,
             packed,
             isa,
             pairs: None,
@@ -695,6 +712,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         gemm,
         igemm: false,
         bgemm: false,
+        sbgemm: false,
         packed,
         isa,
         pairs,
@@ -733,8 +751,9 @@ pub fn row_invariant_rows(dtype: DType) -> usize {
     }
 }
 
-/// [`Mode::Auto`]'s kernel: where [`auto_8bit`], fast mode's matrix-vector kernel with the
-/// exact f32 GEMM for many rows; elsewhere the exact kernel.
+/// [`Mode::Auto`]'s kernel: where [`auto_8bit`], fast mode's matrix-vector kernel (and the
+/// super-block GEMM, which keeps its chain) with the exact f32 GEMM for many rows; elsewhere
+/// the exact kernel.
 pub(super) fn auto_kernel(isa: Isa, dtype: DType, fast: Kernel, exact: Kernel) -> Kernel {
     if auto_8bit(isa, dtype) {
         Kernel {

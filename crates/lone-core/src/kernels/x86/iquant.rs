@@ -31,7 +31,7 @@ unsafe fn levels512() -> __m512 {
 /// The levels of a group of 32 elements stored in the 16 bytes at `p`: elements 0..16 (the
 /// low nibbles) and 16..32 (the high ones), as signed bytes.
 #[inline(always)]
-unsafe fn group_levels(p: *const u8) -> [__m128i; 2] {
+pub(in crate::kernels) unsafe fn group_levels(p: *const u8) -> [__m128i; 2] {
     let q = _mm_loadu_si128(p as *const __m128i);
     let m4 = _mm_set1_epi8(0x0f);
     let kv = levels128();

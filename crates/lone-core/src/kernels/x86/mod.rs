@@ -51,6 +51,7 @@ mod factored;
 mod float;
 mod int8dot;
 mod iqgrid;
+mod iqsuper;
 mod iquant;
 mod kquant;
 mod quant8;
@@ -63,6 +64,7 @@ pub(super) use factored::*;
 pub(super) use float::*;
 pub(super) use int8dot::*;
 pub(super) use iqgrid::*;
+pub(super) use iqsuper::*;
 pub(super) use iquant::*;
 pub(super) use kquant::*;
 pub(super) use quant8::*;
@@ -224,33 +226,41 @@ macro_rules! fast_entries {
         entry!(q5_k, $features, q45k_rows::<$D, true>);
         entry!(q6_k, $features, q6k_rows::<$D>);
         entry!(iq4_nl, $features, legacy_rows::<$D, WIQ4NL>);
-        entry!(iq4_xs, $features, legacy_rows::<$D, WIQ4XS>);
-        entry!(iq2_xxs, $features, legacy_rows::<$D, WIQ2XXS>);
-        entry!(iq2_xs, $features, legacy_rows::<$D, WIQ2XS>);
-        entry!(iq2_s, $features, legacy_rows::<$D, WIQ2S>);
-        entry!(iq3_xxs, $features, legacy_rows::<$D, WIQ3XXS>);
-        entry!(iq3_s, $features, legacy_rows::<$D, WIQ3S>);
-        entry!(iq1_s, $features, legacy_rows::<$D, WIQ1S>);
-        entry!(iq1_m, $features, legacy_rows::<$D, WIQ1M>);
-        entry!(tq1_0, $features, legacy_rows::<$D, WTQ1_0>);
-        entry!(tq2_0, $features, legacy_rows::<$D, WTQ2_0>);
-        predecoded!(
+        sb_entries!(
             $features,
             $D,
             [
-                (iq4_nl_dec, iq4_nl_decode, WIQ4NL),
-                (iq4_xs_dec, iq4_xs_decode, WIQ4XS),
-                (iq2_xxs_dec, iq2_xxs_decode, WIQ2XXS),
-                (iq2_xs_dec, iq2_xs_decode, WIQ2XS),
-                (iq2_s_dec, iq2_s_decode, WIQ2S),
-                (iq3_xxs_dec, iq3_xxs_decode, WIQ3XXS),
-                (iq3_s_dec, iq3_s_decode, WIQ3S),
-                (iq1_s_dec, iq1_s_decode, WIQ1S),
-                (iq1_m_dec, iq1_m_decode, WIQ1M),
-                (tq1_0_dec, tq1_0_decode, WTQ1_0),
-                (tq2_0_dec, tq2_0_decode, WTQ2_0)
+                (q2_k, q2_k_dec, q2_k_decode, WQ2K),
+                (q3_k, q3_k_dec, q3_k_decode, WQ3K),
+                (iq4_xs, iq4_xs_dec, iq4_xs_decode, WIQ4XS),
+                (iq2_xxs, iq2_xxs_dec, iq2_xxs_decode, WIQ2XXS),
+                (iq2_xs, iq2_xs_dec, iq2_xs_decode, WIQ2XS),
+                (iq2_s, iq2_s_dec, iq2_s_decode, WIQ2S),
+                (iq3_xxs, iq3_xxs_dec, iq3_xxs_decode, WIQ3XXS),
+                (iq3_s, iq3_s_dec, iq3_s_decode, WIQ3S),
+                (iq1_s, iq1_s_dec, iq1_s_decode, WIQ1S),
+                (iq1_m, iq1_m_dec, iq1_m_decode, WIQ1M),
+                (tq1_0, tq1_0_dec, tq1_0_decode, WTQ1_0),
+                (tq2_0, tq2_0_dec, tq2_0_decode, WTQ2_0)
             ]
         );
+        predecoded!($features, $D, [(iq4_nl_dec, iq4_nl_decode, WIQ4NL)]);
+    };
+}
+
+/// The super-block i-quants' and ternary formats' 8-bit kernels of one level ([`iqsuper`]:
+/// Q8_K activations), row by row on the stored rows and on a tile's rows decoded once.
+macro_rules! sb_entries {
+    ($features:literal, $D:ty, [$(($name:ident, $mat:ident, $dec:ident, $W:ty)),*]) => {
+        $(
+            entry!($name, $features, sb_rows::<$D, $W>);
+            entry!($mat, $features, sb_rows::<$D, WSbDecoded<$W>>);
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn $dec(w: *const u8, w_stride: usize, rows: usize, k: usize,
+                                      dst: *mut u8) {
+                decode_rows_sb::<$W>(w, w_stride, rows, k, dst)
+            }
+        )*
     };
 }
 

@@ -1,0 +1,514 @@
+//! The super-block i-quants (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M),
+//! the ternary formats (TQ1_0, TQ2_0) and Q2_K, Q3_K against Q8_K activations, as llama.cpp pairs them:
+//! **one float operation per 256 elements**.
+//!
+//! Every weight of these formats is `dw · s · q` with one float `dw` per super-block of 256,
+//! an integer scale `s` per sub-block of 32 (or per 16) and a signed integer code `q`
+//! (IQ2_XXS's `d·(0.5 + ls)·0.25` is `(d/8)·(2·ls + 1)`; IQ1's `dl·(level ± 1/8)` is
+//! `(d/8)·(2·s + 1)·(8·level ± 1)`; IQ4_XS's `d·(ls − 32)`). A Q8_K activation block is
+//! `dx · y` with one `dx` per 256. So each output is
+//!
+//! `acc ← fma(float(Σ_sub s·Σ q·y), dw·dx, acc)`, super-block after super-block,
+//!
+//! where the integer sum is exact in any order. Q3_K fits the same shape (codes −4..=3, a
+//! scale per 16); Q2_K adds a min per 16 (`dw·s·q − dmin·m`): a second step
+//! `acc ← fma(float(Σ m·Σy), −dmin·dx, acc)` with Q8_K's sums of 16. Every kernel that keeps that chain — this
+//! file's row-by-row ones, on the stored or on the decoded rows, and the 8-bit GEMM's
+//! super-block form (`int8::sb_gemm`) — gives each output the same bits whatever the number
+//! of activation rows: the default mode takes all of them.
+
+use super::*;
+use crate::quant::reference_blocks::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGN_MASKS,
+};
+
+/// A super-block format as integers: sub-block `b`'s signed codes with the integer scales of
+/// its elements 0..16 and 16..32, and super-block `s`'s float scale.
+pub(in crate::kernels) trait SbW {
+    /// Bytes per super-block (what the prefetch distance is counted in).
+    const SB: usize;
+    /// Whether the two halves of a sub-block can have different scales.
+    const SPLIT: bool = false;
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16);
+    unsafe fn super_d(w: *const u8, s: usize) -> f32;
+    /// The weight is `dw·s·q − dmin·m` with an integer min `m` per 16 elements (Q2_K).
+    const MIN: bool = false;
+    /// Sub-block `b`'s integer mins of elements 0..16 and 16..32 ([`SbW::MIN`] formats).
+    #[inline(always)]
+    unsafe fn sub_min(_w: *const u8, _b: usize) -> (i16, i16) {
+        (0, 0)
+    }
+    /// Super-block `s`'s float scale of the mins ([`SbW::MIN`] formats).
+    #[inline(always)]
+    unsafe fn super_dmin(_w: *const u8, _s: usize) -> f32 {
+        0.0
+    }
+}
+
+#[inline(always)]
+unsafe fn u16_at(p: *const u8) -> u16 {
+    u16::from_le_bytes([*p, *p.add(1)])
+}
+
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    (p as *const u32).read_unaligned()
+}
+
+/// Four groups of 8 bytes, each negated where its mask is set.
+#[inline(always)]
+unsafe fn signed(g: [u64; 4], m: [u64; 4]) -> __m256i {
+    let g = _mm256_setr_epi64x(g[0] as i64, g[1] as i64, g[2] as i64, g[3] as i64);
+    let m = _mm256_setr_epi64x(m[0] as i64, m[1] as i64, m[2] as i64, m[3] as i64);
+    _mm256_sub_epi8(_mm256_xor_si256(g, m), m)
+}
+
+/// Four stored sign bytes as a byte mask of 32 elements (0xff: negative).
+#[inline(always)]
+unsafe fn sign_bytes(s: u32) -> __m256i {
+    let v = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(s as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
+}
+
+/// IQ1 codes `8·level ± 1` of four grid points, the delta signs as 8 bytes each.
+#[inline(always)]
+unsafe fn iq1_codes(idx: [usize; 4], ds: [u64; 4]) -> __m256i {
+    let g = idx.map(|i| IQ1S_GRID[i] as i64);
+    let g = _mm256_setr_epi64x(g[0], g[1], g[2], g[3]);
+    let d = _mm256_setr_epi64x(ds[0] as i64, ds[1] as i64, ds[2] as i64, ds[3] as i64);
+    _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), d)
+}
+
+const PLUS: u64 = 0x0101_0101_0101_0101;
+const MINUS: u64 = u64::MAX;
+
+/// `2·n + 1` as the i16 scale of a 4-bit (or 3-bit) field.
+#[inline(always)]
+fn odd(n: u32) -> i16 {
+    (2 * n + 1) as i16
+}
+
+impl SbW for WIQ2XXS {
+    const SB: usize = 66;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 66), b % 8);
+        let o = p.add(2 + 8 * ib);
+        let aux = u32_at(o.add(4));
+        let g = core::array::from_fn(|l| IQ2XXS_GRID[usize::from(*o.add(l))]);
+        let m = core::array::from_fn(|l| KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]);
+        let s = odd(aux >> 28);
+        (signed(g, m), s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 66)) * 0.125
+    }
+}
+
+impl SbW for WIQ2XS {
+    const SB: usize = 74;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 74), b % 8);
+        let sc = u32::from(*p.add(66 + ib));
+        let q: [u16; 4] = core::array::from_fn(|l| u16_at(p.add(2 + 2 * (4 * ib + l))));
+        let g = q.map(|q| IQ2XS_GRID[usize::from(q & 511)]);
+        let m = q.map(|q| KSIGN_MASKS[usize::from(q >> 9)]);
+        (signed(g, m), odd(sc & 15), odd(sc >> 4))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 74)) * 0.125
+    }
+}
+
+impl SbW for WIQ2S {
+    const SB: usize = 82;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 82), b % 8);
+        let sc = u32::from(*p.add(74 + ib));
+        let qh = usize::from(*p.add(66 + ib));
+        let g: [u64; 4] = core::array::from_fn(|l| {
+            IQ2S_GRID[usize::from(*p.add(2 + 4 * ib + l)) | ((qh << (8 - 2 * l)) & 0x300)]
+        });
+        let g = _mm256_setr_epi64x(g[0] as i64, g[1] as i64, g[2] as i64, g[3] as i64);
+        let m = sign_bytes(u32_at(p.add(34 + 4 * ib)));
+        (
+            _mm256_sub_epi8(_mm256_xor_si256(g, m), m),
+            odd(sc & 15),
+            odd(sc >> 4),
+        )
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 82)) * 0.125
+    }
+}
+
+impl SbW for WIQ3XXS {
+    const SB: usize = 98;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 98), b % 8);
+        let aux = u32_at(p.add(66 + 4 * ib));
+        let qs = p.add(2 + 8 * ib);
+        let g = core::array::from_fn(|l| {
+            u64::from(IQ3XXS_GRID[usize::from(*qs.add(2 * l))])
+                | (u64::from(IQ3XXS_GRID[usize::from(*qs.add(2 * l + 1))]) << 32)
+        });
+        let m = core::array::from_fn(|l| KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]);
+        let s = odd(aux >> 28);
+        (signed(g, m), s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 98)) * 0.25
+    }
+}
+
+impl SbW for WIQ3S {
+    const SB: usize = 110;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 110), b % 8);
+        let sc = u32::from((*p.add(106 + ib / 2) >> (4 * (ib % 2))) & 0xf);
+        let qs = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(2 + 8 * ib) as *const __m128i));
+        let qh = _mm256_set1_epi32(i32::from(*p.add(66 + ib)));
+        let hi = _mm256_and_si256(
+            _mm256_sllv_epi32(qh, _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+            _mm256_set1_epi32(256),
+        );
+        let mut idx = [0u32; 8];
+        _mm256_storeu_si256(idx.as_mut_ptr() as *mut __m256i, _mm256_or_si256(qs, hi));
+        let g = _mm256_setr_epi32(
+            IQ3S_GRID[idx[0] as usize] as i32,
+            IQ3S_GRID[idx[1] as usize] as i32,
+            IQ3S_GRID[idx[2] as usize] as i32,
+            IQ3S_GRID[idx[3] as usize] as i32,
+            IQ3S_GRID[idx[4] as usize] as i32,
+            IQ3S_GRID[idx[5] as usize] as i32,
+            IQ3S_GRID[idx[6] as usize] as i32,
+            IQ3S_GRID[idx[7] as usize] as i32,
+        );
+        let m = sign_bytes(u32_at(p.add(74 + 4 * ib)));
+        let s = odd(sc);
+        (_mm256_sub_epi8(_mm256_xor_si256(g, m), m), s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 110))
+    }
+}
+
+impl SbW for WIQ1S {
+    const SB: usize = 50;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 50), b % 8);
+        let qh = u16_at(p.add(34 + 2 * ib));
+        let ds = if qh & 0x8000 != 0 { MINUS } else { PLUS };
+        let idx = core::array::from_fn(|l| {
+            usize::from(*p.add(2 + 4 * ib + l)) | (usize::from((qh >> (3 * l)) & 7) << 8)
+        });
+        let s = odd(u32::from((qh >> 12) & 7));
+        (iq1_codes(idx, [ds; 4]), s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 50)) * 0.125
+    }
+}
+
+impl SbW for WIQ1M {
+    const SB: usize = 56;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 56), b % 8);
+        let s = u32::from(u16_at(p.add(48 + 2 * (ib / 2))) >> (6 * (ib % 2)));
+        let qh = [*p.add(32 + 2 * ib), *p.add(33 + 2 * ib)];
+        let h: [u8; 4] = core::array::from_fn(|l| qh[l / 2] >> (4 * (l % 2)));
+        let idx = core::array::from_fn(|l| {
+            usize::from(*p.add(4 * ib + l)) | (usize::from(h[l] & 7) << 8)
+        });
+        let ds = h.map(|h| if h & 8 != 0 { MINUS } else { PLUS });
+        (iq1_codes(idx, ds), odd(s & 7), odd((s >> 3) & 7))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        let p = w.add(s * 56);
+        let sc: [u16; 4] = core::array::from_fn(|i| u16_at(p.add(48 + 2 * i)));
+        let bits =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) * 0.125
+    }
+}
+
+impl SbW for WTQ2_0 {
+    const SB: usize = 66;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (q, _, _) = <WTQ2_0 as LegacyW>::decode_at(w, b);
+        (q, 1, 1)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 66 + 64))
+    }
+}
+
+impl SbW for WTQ1_0 {
+    const SB: usize = 54;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (q, _, _) = <WTQ1_0 as LegacyW>::decode_at(w, b);
+        (q, 1, 1)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 54 + 52))
+    }
+}
+
+impl SbW for WIQ4XS {
+    const SB: usize = 136;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 136), b % 8);
+        let h = u16_at(p.add(2));
+        let lo = (*p.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f;
+        let hi = ((h >> (2 * ib)) & 3) as u8;
+        let s = i16::from(lo | (hi << 4)) - 32;
+        let [l, hh] = group_levels(p.add(8 + 16 * ib));
+        (_mm256_set_m128i(hh, l), s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 136))
+    }
+}
+
+/// Q3_K (110 bytes: high-bit mask, 2-bit quants, 16 packed 6-bit scales, d): codes
+/// `q − 4·(high bit clear)` in −4..=3, a scale `sc − 32` per 16 elements.
+pub(in crate::kernels) struct WQ3K;
+impl SbW for WQ3K {
+    const SB: usize = 110;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 110), b % 8);
+        let (n, j) = (ib / 4, ib % 4);
+        let v = _mm256_loadu_si256(p.add(32 + 32 * n) as *const __m256i);
+        let q = _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let hm = _mm256_loadu_si256(p as *const __m256i);
+        let bit = _mm256_set1_epi8((1u8 << (4 * n + j)) as i8);
+        let clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+        let q = _mm256_sub_epi8(q, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        let sc = p.add(96);
+        let scale = |i: usize| {
+            let low = if i < 8 {
+                *sc.add(i) & 0xf
+            } else {
+                *sc.add(i - 8) >> 4
+            };
+            let high = (*sc.add(8 + i % 4) >> (2 * (i / 4))) & 3;
+            i16::from(low | (high << 4)) - 32
+        };
+        (q, scale(2 * ib), scale(2 * ib + 1))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 110 + 108))
+    }
+}
+
+/// Q2_K (84 bytes: 16 scale/min bytes, 2-bit quants, d, dmin): codes 0..=3, a scale (low
+/// nibble) and a min (high nibble) per 16 elements.
+pub(in crate::kernels) struct WQ2K;
+impl SbW for WQ2K {
+    const SB: usize = 84;
+    const SPLIT: bool = true;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 84), b % 8);
+        let (n, j) = (ib / 4, ib % 4);
+        let v = _mm256_loadu_si256(p.add(16 + 32 * n) as *const __m256i);
+        let q = _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let sc = |i: usize| i16::from(*p.add(i) & 0xf);
+        (q, sc(2 * ib), sc(2 * ib + 1))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 84 + 80))
+    }
+    #[inline(always)]
+    unsafe fn sub_min(w: *const u8, b: usize) -> (i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 84), b % 8);
+        let m = |i: usize| i16::from(*p.add(i) >> 4);
+        (m(2 * ib), m(2 * ib + 1))
+    }
+    #[inline(always)]
+    unsafe fn super_dmin(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 84 + 82))
+    }
+}
+
+/// A format's sub-blocks as [`decode_rows_sb`] writes them ([`super::super::DECODED_BB`]
+/// bytes each: the 32 codes, the two i16 scales at 32 and 34, the two i16 mins at 36 and 38,
+/// then an f32 at 40: the super-block's `dw` in its first sub-block, `dmin` in its second):
+/// the many-row path's tiles, decoded once per tile of weight rows.
+pub(in crate::kernels) struct WSbDecoded<W>(core::marker::PhantomData<W>);
+impl<W: SbW> SbW for WSbDecoded<W> {
+    const SB: usize = 8 * super::super::DECODED_BB;
+    const SPLIT: bool = W::SPLIT;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let p = w.add(b * super::super::DECODED_BB);
+        let s = |o: usize| (p.add(o) as *const i16).read_unaligned();
+        (_mm256_loadu_si256(p as *const __m256i), s(32), s(34))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f32_at(w.add(s * Self::SB + 40))
+    }
+    const MIN: bool = W::MIN;
+    #[inline(always)]
+    unsafe fn sub_min(w: *const u8, b: usize) -> (i16, i16) {
+        let p = w.add(b * super::super::DECODED_BB);
+        let s = |o: usize| (p.add(o) as *const i16).read_unaligned();
+        (s(36), s(38))
+    }
+    #[inline(always)]
+    unsafe fn super_dmin(w: *const u8, s: usize) -> f32 {
+        f32_at(w.add(s * Self::SB + super::super::DECODED_BB + 40))
+    }
+}
+
+/// `rows` weight rows of `k` elements at `w` (`w_stride` bytes apart) in [`WSbDecoded`]'s
+/// layout at `dst`.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn decode_rows_sb<W: SbW>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    k: usize,
+    dst: *mut u8,
+) {
+    let bb = super::super::DECODED_BB;
+    let nb = k / 32;
+    for r in 0..rows {
+        let wr = w.add(r * w_stride);
+        let out = dst.add(r * nb * bb);
+        for b in 0..nb {
+            let (q, s0, s1) = W::sub_int(wr, b);
+            let (m0, m1) = W::sub_min(wr, b);
+            let o = out.add(b * bb);
+            _mm256_storeu_si256(o as *mut __m256i, q);
+            (o.add(32) as *mut i16).write_unaligned(s0);
+            (o.add(34) as *mut i16).write_unaligned(s1);
+            (o.add(36) as *mut i16).write_unaligned(m0);
+            (o.add(38) as *mut i16).write_unaligned(m1);
+            let f = if b % 8 == 1 {
+                W::super_dmin(wr, b / 8)
+            } else {
+                W::super_d(wr, b / 8)
+            };
+            (o.add(40) as *mut f32).write_unaligned(f);
+        }
+    }
+}
+
+/// The eight i32 lanes' sum.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Every row of `a` against `NX` Q8_K activation rows: per super-block the exact integer
+/// `Σ_sub s·Σ q·y` (`vpmaddubsw` of `|q|` and `y` signed by `q`, then the i16 pairs times
+/// the sub-block's scale into i32), then `acc ← fma(float(Σ), dw·dx, acc)`.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: &MatArgs) {
+    let ns = a.k / 256;
+    let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
+    for r in 0..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        let mut acc = [0f32; NX];
+        for s in 0..ns {
+            for l in 0..W::SB.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.wrapping_add(s * W::SB + PREFETCH + 64 * l) as *const i8
+                );
+            }
+            // Two chains (even and odd sub-blocks): integer sums, the same in any order.
+            let mut ia = [[_mm256_setzero_si256(); NX]; 2];
+            for j in 0..8 {
+                let (q, s0, s1) = W::sub_int(w, 8 * s + j);
+                let aq = _mm256_sign_epi8(q, q);
+                let sc = if W::SPLIT {
+                    _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1))
+                } else {
+                    _mm256_set1_epi16(s0)
+                };
+                for t in 0..NX {
+                    let y = _mm256_loadu_si256(xs[t].add(s * 292 + 4 + 32 * j) as *const __m256i);
+                    ia[j % 2][t] = D::dot_scaled(ia[j % 2][t], aq, _mm256_sign_epi8(y, q), sc);
+                }
+            }
+            let dw = W::super_d(w, s);
+            // The mins' integer sums against the activations' sums of 16 (Q8_K's bsums).
+            let mins: [(i16, i16); 8] = if W::MIN {
+                core::array::from_fn(|j| W::sub_min(w, 8 * s + j))
+            } else {
+                [(0, 0); 8]
+            };
+            for t in 0..NX {
+                let isum = hsum_i32(_mm256_add_epi32(ia[0][t], ia[1][t]));
+                let dx = f32_at(xs[t].add(s * 292));
+                acc[t] = (isum as f32).mul_add(dw * dx, acc[t]);
+                if W::MIN {
+                    let bs = xs[t].add(s * 292 + 260) as *const i16;
+                    let msum: i32 = (0..8)
+                        .map(|j| {
+                            i32::from(mins[j].0) * i32::from(bs.add(2 * j).read_unaligned())
+                                + i32::from(mins[j].1)
+                                    * i32::from(bs.add(2 * j + 1).read_unaligned())
+                        })
+                        .sum();
+                    acc[t] = (msum as f32).mul_add(-(W::super_dmin(w, s) * dx), acc[t]);
+                }
+            }
+        }
+        for t in 0..NX {
+            *a.out.add(t * a.out_stride + r) = acc[t];
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn sb_rows<D: IDot, W: SbW>(a: &MatArgs) {
+    by_nx!(a, sb_rows_n, D, W)
+}
