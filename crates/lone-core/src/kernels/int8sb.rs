@@ -364,33 +364,34 @@ unsafe fn micro256<const R: usize, const NV: usize, const SPAN: usize, const MIN
     );
 }
 
-/// Every (row, activation row) pair on AVX-512: 4 rows × 32 activation rows.
+/// Every (row, activation row) pair on AVX-512: 4 rows × 32 activation rows (the tile sizes:
+/// docs/performance.md, "Design choices measured").
 ///
 /// # Safety
 /// AVX-512 level features available; every pointer valid for what it describes; `rows ≥ 1`,
 /// `n ≥ 1`; the outputs written belong to the caller alone.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn gemm512<const SPAN: usize, const MIN: bool>(g: &SbGemmArgs) {
-    for_each_micro(g.n, g.rows, 2, TB / 2, |r0, t0, one| {
+    for_each_micro(g.n, g.rows, 4, TB / 2, |r0, t0, one| {
         if one {
-            micro512::<2, 1, SPAN, MIN>(g, r0, t0);
+            micro512::<4, 1, SPAN, MIN>(g, r0, t0);
         } else {
-            micro512::<2, 2, SPAN, MIN>(g, r0, t0);
+            micro512::<4, 2, SPAN, MIN>(g, r0, t0);
         }
     });
 }
 
-/// Every (row, activation row) pair on AVX-VNNI: 2 rows × 16 activation rows.
+/// Every (row, activation row) pair on AVX-VNNI: 3 rows × 16 activation rows.
 ///
 /// # Safety
 /// As [`gemm512`], with AVX-VNNI instead of AVX-512.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn gemm_vnni<const SPAN: usize, const MIN: bool>(g: &SbGemmArgs) {
-    for_each_micro(g.n, g.rows, 2, 8, |r0, t0, one| {
+    for_each_micro(g.n, g.rows, 3, 8, |r0, t0, one| {
         if one {
-            micro256::<2, 1, SPAN, MIN>(g, r0, t0);
+            micro256::<3, 1, SPAN, MIN>(g, r0, t0);
         } else {
-            micro256::<2, 2, SPAN, MIN>(g, r0, t0);
+            micro256::<3, 2, SPAN, MIN>(g, r0, t0);
         }
     });
 }
