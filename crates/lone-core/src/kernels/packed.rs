@@ -1,8 +1,8 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
-//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K: the 8-bit matrix-vector kernels of
-//! x86's VNNI levels, `q4_0_x8` …, and aarch64's dotprod level, `neon::rows8`; Q6_K: the
+//! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL: the 8-bit matrix-vector kernels
+//! of x86's VNNI levels, `q4_0_x8` …, and aarch64's dotprod level, `neon::rows8`; Q6_K: the
 //! latter's only, as are Q2_K and Q3_K): the rows are taken in groups of 8, and each group's blocks are stored block
 //! by block: the 8 rows' f16 scales (16 bytes), for Q4_1/Q5_1 their 8 f16 mins (Q4_K: its
 //! dmins; 16 bytes), for Q5_0/Q5_1 their 8 high-bit words (32 bytes, bits rearranged: see
@@ -75,7 +75,8 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
     // Q6_K: d, the 16 scales (4 words), ql (32), qh (16).
     const Q6_K: &[Unit] = &[f16s(208, 1), words(192, 4), words(0, 32), words(128, 16)];
     Some(match dtype {
-        DType::Q4_0 => Q4_0,
+        // IQ4_NL's block is Q4_0's (f16 d, 16 bytes of index pairs).
+        DType::Q4_0 | DType::IQ4NL => Q4_0,
         DType::Q8_0 => Q8_0,
         DType::Q4_1 => Q4_1,
         DType::Q5_0 => Q5_0,
@@ -281,7 +282,8 @@ pub(crate) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
 mod tests {
     use super::*;
 
-    const PACKED: [DType; 9] = [
+    const PACKED: [DType; 10] = [
+        DType::IQ4NL,
         DType::Q2K,
         DType::Q3K,
         DType::Q4_0,

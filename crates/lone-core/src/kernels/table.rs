@@ -455,13 +455,15 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
-    // The i-quants: 8-bit kernels on x86 and aarch64. IQ4_NL: 32-element blocks of signed
-    // levels against Q8_1 activations. IQ4_XS, like the codebook and ternary formats
+    // The i-quants: 8-bit kernels on x86 and aarch64. IQ4_NL: 32-element blocks of levels
+    // against Q8_1 activations (rows packed by 8 on x86's VNNI levels). IQ4_XS, like the codebook and ternary formats
     // (`grid_format!`), against Q8_K on x86 (`x86::iqsuper`), Q8_1 on aarch64.
     with_predecode!(
         weight_format!(IQ4NL, Some(DType::Q8_1), exact: exact_iq4_nl,
         deq: Some(both!(deq_iq4_nl, DeqFn)), fac: Some((x86::fac::iq4_nl as MatFn, Act::F32)),
-        fast: Some(all3!(iq4_nl, packed: false)), arm: iq4_nl, 8bit: Q8_1),
+        fast: Some([(x86::iq4_nl::avx2 as MatFn, false), (x86::iq4_nl::avxvnni, true),
+            (x86::iq4_nl::avx512, true)]),
+        arm: iq4_nl, 8bit: Q8_1),
         iq4_nl_dec,
         iq4_nl_decode
     ),
@@ -670,7 +672,8 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             packed,
             isa,
             pairs: None,
-            predecode: k.predecode.map(|p| p[fast_level]),
+            // Tiles decoded once from the stored rows: the row-by-row kernels only.
+            predecode: k.predecode.filter(|_| !packed).map(|p| p[fast_level]),
         });
     }
     let deq = k.deq.map(|d| d[level]);

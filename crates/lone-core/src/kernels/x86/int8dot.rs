@@ -364,6 +364,13 @@ pub(in crate::kernels) trait PackW: LegacyW {
     /// Quant bytes per row and block: 16 nibble pairs, or Q8_0's 32 bytes (whole-byte codes,
     /// one chunk per 4 elements).
     const QBYTES: usize = 16;
+    /// The nibbles index a table of codes ([`PackW::lut`], IQ4_NL's levels) instead of being
+    /// the codes.
+    const LUT: bool = false;
+    #[inline(always)]
+    unsafe fn lut() -> __m256i {
+        _mm256_setzero_si256()
+    }
 }
 /// Q8_0 for the packed VNNI kernels: codes `q + 128` (unsigned, `vpdpbusd`'s first operand)
 /// with `-128·d` as the min, against Q8_1 activations and their block sums, like Q4_0's `-8`.
@@ -461,6 +468,10 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
                     let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
                     let mut lo = _mm256_and_si256(raw, m4);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    if W::LUT {
+                        lo = _mm256_shuffle_epi8(W::lut(), lo);
+                        hi = _mm256_shuffle_epi8(W::lut(), hi);
+                    }
                     if W::QH {
                         // Fifth bits (packed::high_bits_by_chunk): shifts stay inside bytes.
                         lo =

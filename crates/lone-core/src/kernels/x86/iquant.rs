@@ -50,6 +50,43 @@ unsafe fn widen16(v: __m128i) -> [__m256i; 2] {
     ]
 }
 
+/// IQ4_NL for the rows-by-8 8-bit kernels (`packed_rows`, the VNNI levels): the levels as
+/// unsigned codes `kv + 128` (one `vpshufb` of the index nibbles, as Q4_0's nibbles are its
+/// codes) with `−128·d` as the min, against Q8_1 activations and their block sums. Codes reach
+/// 241: only a dot product without i16 saturation (`vpdpbusd`) may take them.
+pub(in crate::kernels) struct WIQ4NLU;
+
+/// The 16 levels plus 128 as unsigned bytes, in each 128-bit lane.
+#[inline(always)]
+unsafe fn levels_u8() -> __m256i {
+    _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(levels128()),
+        _mm256_set1_epi8(-128),
+    )
+}
+
+impl LegacyW for WIQ4NLU {
+    const ZERO: f32 = -128.0;
+    const BB: usize = 18;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(p);
+        let q = nibbles32(p.add(2));
+        (_mm256_shuffle_epi8(levels_u8(), q), d, -128.0 * d)
+    }
+}
+
+impl PackW for WIQ4NLU {
+    const F16S: usize = 1;
+    const QH: bool = false;
+    const LUT: bool = true;
+    #[inline(always)]
+    unsafe fn lut() -> __m256i {
+        levels_u8()
+    }
+}
+
 impl LegacyW for WIQ4NL {
     const BB: usize = 18;
     const SIGNED: bool = true;

@@ -225,7 +225,6 @@ macro_rules! fast_entries {
         entry!(q4_k_x8, $features, q4k_x8::<$D>);
         entry!(q5_k, $features, q45k_rows::<$D, true>);
         entry!(q6_k, $features, q6k_rows::<$D>);
-        entry!(iq4_nl, $features, legacy_rows::<$D, WIQ4NL>);
         sb_entries!(
             $features,
             $D,
@@ -330,6 +329,24 @@ pub(crate) mod q8_0 {
         avx512,
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         packed_rows::<Vnni, WQ8_0U>
+    );
+}
+
+/// The IQ4_NL 8-bit matrix-vector kernels per level: rows packed by 8 on the `vpdpbusd`
+/// levels (unsigned codes `kv + 128`, [`WIQ4NLU`]), row by row on AVX2 (`|kv|` against
+/// `sign(x, kv)`, which `vpmaddubsw` takes without saturating).
+pub(crate) mod iq4_nl {
+    use super::*;
+    entry!(avx2, "avx2,fma,f16c", legacy_rows::<Maddubs, WIQ4NL>);
+    entry!(
+        avxvnni,
+        "avx2,fma,f16c,avxvnni",
+        packed_rows::<VnniVex, WIQ4NLU>
+    );
+    entry!(
+        avx512,
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        packed_rows::<Vnni, WIQ4NLU>
     );
 }
 
