@@ -277,7 +277,9 @@ m = lone.Model({str(SMOL)!r}, threads=2)
 print("ready", flush=True)
 t = time.time()
 try:
-    m.generate("Once upon a time", max_tokens=1500, ignore_eos=True)
+    # Sampled, so that no repetition lets speculation race through the tokens: thousands of
+    # them take seconds, and the interrupt comes 1 s in.
+    m.generate("Once upon a time", max_tokens=4000, ignore_eos=True, temperature=1.0, seed=1)
     print("finished", flush=True)
 except KeyboardInterrupt:
     print("interrupted %.2f" % (time.time() - t), flush=True)

@@ -20,6 +20,7 @@ use core::arch::x86_64::*;
 use super::int8::TB;
 use super::x86::{for_each_micro, write_acc256, write_acc512, SbW};
 use super::x86::{WIQ1M, WIQ1S, WIQ2S, WIQ2XS, WIQ2XXS, WIQ3S, WIQ3XXS, WIQ4XS, WQ2K, WQ3K};
+use super::x86::{WQ4KS, WQ5KS, WQ6KS};
 use super::x86::{WTQ1_0, WTQ2_0};
 use crate::tensor::DType;
 
@@ -33,7 +34,10 @@ pub(super) fn supports(isa: super::Isa, dtype: DType) -> bool {
 /// this path's formats).
 fn split(dtype: DType) -> Option<bool> {
     match dtype {
-        DType::IQ2XS | DType::IQ2S | DType::IQ1M | DType::Q2K | DType::Q3K => Some(true),
+        DType::IQ2XS | DType::IQ2S | DType::IQ1M | DType::Q2K | DType::Q3K | DType::Q6K => {
+            Some(true)
+        }
+        DType::Q4K | DType::Q5K => Some(false),
         DType::IQ4XS
         | DType::IQ2XXS
         | DType::IQ3XXS
@@ -112,6 +116,9 @@ pub(super) unsafe fn unpack(
     match dtype {
         DType::Q2K => unpack_sb::<WQ2K>(src, k, &u),
         DType::Q3K => unpack_sb::<WQ3K>(src, k, &u),
+        DType::Q4K => unpack_sb::<WQ4KS>(src, k, &u),
+        DType::Q5K => unpack_sb::<WQ5KS>(src, k, &u),
+        DType::Q6K => unpack_sb::<WQ6KS>(src, k, &u),
         DType::IQ4XS => unpack_sb::<WIQ4XS>(src, k, &u),
         DType::IQ2XXS => unpack_sb::<WIQ2XXS>(src, k, &u),
         DType::IQ2XS => unpack_sb::<WIQ2XS>(src, k, &u),
@@ -399,12 +406,15 @@ unsafe fn gemm_vnni<const SPAN: usize, const MIN: bool>(g: &SbGemmArgs) {
 /// The tile kernel for `dtype` on `isa` (one of [`supports`]).
 pub(super) fn gemm_fn(isa: super::Isa, dtype: DType) -> unsafe fn(&SbGemmArgs) {
     let split = split(dtype).expect("checked by supports()");
-    match (isa, split, dtype == DType::Q2K) {
+    let min = matches!(dtype, DType::Q2K | DType::Q4K | DType::Q5K);
+    match (isa, split, min) {
         (super::Isa::Avx512, true, true) => gemm512::<16, true>,
         (super::Isa::Avx512, true, false) => gemm512::<16, false>,
-        (super::Isa::Avx512, false, _) => gemm512::<32, false>,
+        (super::Isa::Avx512, false, true) => gemm512::<32, true>,
+        (super::Isa::Avx512, false, false) => gemm512::<32, false>,
         (_, true, true) => gemm_vnni::<16, true>,
         (_, true, false) => gemm_vnni::<16, false>,
-        (_, false, _) => gemm_vnni::<32, false>,
+        (_, false, true) => gemm_vnni::<32, true>,
+        (_, false, false) => gemm_vnni::<32, false>,
     }
 }

@@ -449,12 +449,20 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q4K, Some(DType::Q8K), exact: exact_q4_k, deq: Some(both!(deq_q4_k, DeqFn)),
         fac: Some((x86::fac::q4_k as MatFn, Act::F32Sums)), fast: Some(all3!(q4_k_x8, packed: true)),
         arm: q4_k, 8bit: Q8K),
-    weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
+    with_predecode!(
+        weight_format!(Q5K, Some(DType::Q8K), exact: exact_q5_k, deq: Some(both!(deq_q5_k, DeqFn)),
         fac: Some((x86::fac::q5_k as MatFn, Act::F32Sums)), fast: Some(all3!(q5_k, packed: false)),
         arm: q5_k, 8bit: Q8K),
-    weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
+        q5_k_dec,
+        q5_k_decode
+    ),
+    with_predecode!(
+        weight_format!(Q6K, Some(DType::Q8K), exact: exact_q6_k, deq: Some(both!(deq_q6_k, DeqFn)),
         fac: Some((x86::fac::q6_k as MatFn, Act::F32)), fast: Some(all3!(q6_k, packed: false)),
         arm: q6_k, 8bit: Q8K, rows8),
+        q6_k_dec,
+        q6_k_decode
+    ),
     // The i-quants: 8-bit kernels on x86 and aarch64. IQ4_NL: 32-element blocks of levels
     // against Q8_1 activations (rows packed by 8 on x86's VNNI levels). IQ4_XS, like the codebook and ternary formats
     // (`grid_format!`), against Q8_K on x86 (`x86::iqsuper`), Q8_1 on aarch64.

@@ -34,11 +34,13 @@ pub(crate) mod reference_blocks {
     pub(crate) use super::iq_tables::{
         IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
     };
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) use super::iqgrid::iq2_scales;
     /// Test data: a finite scale in a random block of those formats.
     #[cfg(test)]
     pub(crate) use super::iqgrid::set_scale;
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    pub(crate) use super::iqgrid::{iq2_scales, KSIGN_MASKS};
+    pub(crate) use super::iqgrid::KSIGN_MASKS;
     /// The i-quants' levels, which the SIMD kernels look their indices up in.
     pub(crate) use super::iquants::KVALUES_IQ4NL;
     /// The aarch64 8-bit K-quant kernels read the packed scales with it.

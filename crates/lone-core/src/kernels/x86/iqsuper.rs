@@ -18,9 +18,6 @@
 //! of activation rows: the default mode takes all of them.
 
 use super::*;
-use crate::quant::reference_blocks::{
-    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGN_MASKS,
-};
 
 /// A super-block format as integers: sub-block `b`'s signed codes with the integer scales of
 /// its elements 0..16 and 16..32, and super-block `s`'s float scale.
@@ -45,244 +42,6 @@ pub(in crate::kernels) trait SbW {
     }
 }
 
-#[inline(always)]
-unsafe fn u16_at(p: *const u8) -> u16 {
-    u16::from_le_bytes([*p, *p.add(1)])
-}
-
-#[inline(always)]
-unsafe fn u32_at(p: *const u8) -> u32 {
-    (p as *const u32).read_unaligned()
-}
-
-/// Four groups of 8 bytes, each negated where its mask is set.
-#[inline(always)]
-unsafe fn signed(g: [u64; 4], m: [u64; 4]) -> __m256i {
-    let g = _mm256_setr_epi64x(g[0] as i64, g[1] as i64, g[2] as i64, g[3] as i64);
-    let m = _mm256_setr_epi64x(m[0] as i64, m[1] as i64, m[2] as i64, m[3] as i64);
-    _mm256_sub_epi8(_mm256_xor_si256(g, m), m)
-}
-
-/// Four stored sign bytes as a byte mask of 32 elements (0xff: negative).
-#[inline(always)]
-unsafe fn sign_bytes(s: u32) -> __m256i {
-    let v = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(s as i32),
-        _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
-}
-
-/// IQ1 codes `8·level ± 1` of four grid points, the delta signs as 8 bytes each.
-#[inline(always)]
-unsafe fn iq1_codes(idx: [usize; 4], ds: [u64; 4]) -> __m256i {
-    let g = idx.map(|i| IQ1S_GRID[i] as i64);
-    let g = _mm256_setr_epi64x(g[0], g[1], g[2], g[3]);
-    let d = _mm256_setr_epi64x(ds[0] as i64, ds[1] as i64, ds[2] as i64, ds[3] as i64);
-    _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), d)
-}
-
-const PLUS: u64 = 0x0101_0101_0101_0101;
-const MINUS: u64 = u64::MAX;
-
-/// `2·n + 1` as the i16 scale of a 4-bit (or 3-bit) field.
-#[inline(always)]
-fn odd(n: u32) -> i16 {
-    (2 * n + 1) as i16
-}
-
-impl SbW for WIQ2XXS {
-    const SB: usize = 66;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 66), b % 8);
-        let o = p.add(2 + 8 * ib);
-        let aux = u32_at(o.add(4));
-        let g = core::array::from_fn(|l| IQ2XXS_GRID[usize::from(*o.add(l))]);
-        let m = core::array::from_fn(|l| KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]);
-        let s = odd(aux >> 28);
-        (signed(g, m), s, s)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 66)) * 0.125
-    }
-}
-
-impl SbW for WIQ2XS {
-    const SB: usize = 74;
-    const SPLIT: bool = true;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 74), b % 8);
-        let sc = u32::from(*p.add(66 + ib));
-        let q: [u16; 4] = core::array::from_fn(|l| u16_at(p.add(2 + 2 * (4 * ib + l))));
-        let g = q.map(|q| IQ2XS_GRID[usize::from(q & 511)]);
-        let m = q.map(|q| KSIGN_MASKS[usize::from(q >> 9)]);
-        (signed(g, m), odd(sc & 15), odd(sc >> 4))
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 74)) * 0.125
-    }
-}
-
-impl SbW for WIQ2S {
-    const SB: usize = 82;
-    const SPLIT: bool = true;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 82), b % 8);
-        let sc = u32::from(*p.add(74 + ib));
-        let qh = usize::from(*p.add(66 + ib));
-        let g: [u64; 4] = core::array::from_fn(|l| {
-            IQ2S_GRID[usize::from(*p.add(2 + 4 * ib + l)) | ((qh << (8 - 2 * l)) & 0x300)]
-        });
-        let g = _mm256_setr_epi64x(g[0] as i64, g[1] as i64, g[2] as i64, g[3] as i64);
-        let m = sign_bytes(u32_at(p.add(34 + 4 * ib)));
-        (
-            _mm256_sub_epi8(_mm256_xor_si256(g, m), m),
-            odd(sc & 15),
-            odd(sc >> 4),
-        )
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 82)) * 0.125
-    }
-}
-
-impl SbW for WIQ3XXS {
-    const SB: usize = 98;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 98), b % 8);
-        let aux = u32_at(p.add(66 + 4 * ib));
-        let qs = p.add(2 + 8 * ib);
-        let g = core::array::from_fn(|l| {
-            u64::from(IQ3XXS_GRID[usize::from(*qs.add(2 * l))])
-                | (u64::from(IQ3XXS_GRID[usize::from(*qs.add(2 * l + 1))]) << 32)
-        });
-        let m = core::array::from_fn(|l| KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]);
-        let s = odd(aux >> 28);
-        (signed(g, m), s, s)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 98)) * 0.25
-    }
-}
-
-impl SbW for WIQ3S {
-    const SB: usize = 110;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 110), b % 8);
-        let sc = u32::from((*p.add(106 + ib / 2) >> (4 * (ib % 2))) & 0xf);
-        let qs = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(2 + 8 * ib) as *const __m128i));
-        let qh = _mm256_set1_epi32(i32::from(*p.add(66 + ib)));
-        let hi = _mm256_and_si256(
-            _mm256_sllv_epi32(qh, _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
-            _mm256_set1_epi32(256),
-        );
-        let mut idx = [0u32; 8];
-        _mm256_storeu_si256(idx.as_mut_ptr() as *mut __m256i, _mm256_or_si256(qs, hi));
-        let g = _mm256_setr_epi32(
-            IQ3S_GRID[idx[0] as usize] as i32,
-            IQ3S_GRID[idx[1] as usize] as i32,
-            IQ3S_GRID[idx[2] as usize] as i32,
-            IQ3S_GRID[idx[3] as usize] as i32,
-            IQ3S_GRID[idx[4] as usize] as i32,
-            IQ3S_GRID[idx[5] as usize] as i32,
-            IQ3S_GRID[idx[6] as usize] as i32,
-            IQ3S_GRID[idx[7] as usize] as i32,
-        );
-        let m = sign_bytes(u32_at(p.add(74 + 4 * ib)));
-        let s = odd(sc);
-        (_mm256_sub_epi8(_mm256_xor_si256(g, m), m), s, s)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 110))
-    }
-}
-
-impl SbW for WIQ1S {
-    const SB: usize = 50;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 50), b % 8);
-        let qh = u16_at(p.add(34 + 2 * ib));
-        let ds = if qh & 0x8000 != 0 { MINUS } else { PLUS };
-        let idx = core::array::from_fn(|l| {
-            usize::from(*p.add(2 + 4 * ib + l)) | (usize::from((qh >> (3 * l)) & 7) << 8)
-        });
-        let s = odd(u32::from((qh >> 12) & 7));
-        (iq1_codes(idx, [ds; 4]), s, s)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 50)) * 0.125
-    }
-}
-
-impl SbW for WIQ1M {
-    const SB: usize = 56;
-    const SPLIT: bool = true;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (p, ib) = (w.add(b / 8 * 56), b % 8);
-        let s = u32::from(u16_at(p.add(48 + 2 * (ib / 2))) >> (6 * (ib % 2)));
-        let qh = [*p.add(32 + 2 * ib), *p.add(33 + 2 * ib)];
-        let h: [u8; 4] = core::array::from_fn(|l| qh[l / 2] >> (4 * (l % 2)));
-        let idx = core::array::from_fn(|l| {
-            usize::from(*p.add(4 * ib + l)) | (usize::from(h[l] & 7) << 8)
-        });
-        let ds = h.map(|h| if h & 8 != 0 { MINUS } else { PLUS });
-        (iq1_codes(idx, ds), odd(s & 7), odd((s >> 3) & 7))
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        let p = w.add(s * 56);
-        let sc: [u16; 4] = core::array::from_fn(|i| u16_at(p.add(48 + 2 * i)));
-        let bits =
-            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) * 0.125
-    }
-}
-
-impl SbW for WTQ2_0 {
-    const SB: usize = 66;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (q, _, _) = <WTQ2_0 as LegacyW>::decode_at(w, b);
-        (q, 1, 1)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 66 + 64))
-    }
-}
-
-impl SbW for WTQ1_0 {
-    const SB: usize = 54;
-    #[inline(always)]
-    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
-        let (q, _, _) = <WTQ1_0 as LegacyW>::decode_at(w, b);
-        (q, 1, 1)
-    }
-    #[inline(always)]
-    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
-        f16_at(w.add(s * 54 + 52))
-    }
-}
-
 impl SbW for WIQ4XS {
     const SB: usize = 136;
     #[inline(always)]
@@ -299,6 +58,33 @@ impl SbW for WIQ4XS {
     unsafe fn super_d(w: *const u8, s: usize) -> f32 {
         f16_at(w.add(s * 136))
     }
+}
+
+/// A super-block format's [`LegacyW`] (the exact kernels and row dequantizers): each
+/// sub-block's codes with the f32 scales `dw·s` — the reference's scales bit for bit (see
+/// the formats' decoders: `dw` carries the power-of-two factors, which commute with rounding).
+macro_rules! legacy_via_sb {
+    ($W:ty, $bb:expr) => {
+        impl LegacyW for $W {
+            const BB: usize = $bb;
+            const SIGNED: bool = true;
+            const SPLIT: bool = <$W as SbW>::SPLIT;
+            unsafe fn decode(_: *const u8) -> (__m256i, f32, f32) {
+                unreachable!("super-block formats are decoded by index (decode_at)")
+            }
+            #[inline(always)]
+            unsafe fn decode_at(w: *const u8, b: usize) -> (__m256i, f32, f32) {
+                let (q, s, _) = <$W as SbW>::sub_int(w, b);
+                (q, <$W as SbW>::super_d(w, b / 8) * f32::from(s), 0.0)
+            }
+            #[inline(always)]
+            unsafe fn decode_split(w: *const u8, b: usize) -> (__m256i, f32, f32, f32) {
+                let (q, s0, s1) = <$W as SbW>::sub_int(w, b);
+                let d = <$W as SbW>::super_d(w, b / 8);
+                (q, d * f32::from(s0), d * f32::from(s1), 0.0)
+            }
+        }
+    };
 }
 
 /// Q3_K (110 bytes: high-bit mask, 2-bit quants, 16 packed 6-bit scales, d): codes
@@ -370,6 +156,122 @@ impl SbW for WQ2K {
     #[inline(always)]
     unsafe fn super_dmin(w: *const u8, s: usize) -> f32 {
         f16_at(w.add(s * 84 + 82))
+    }
+}
+
+/// Q4_K's and Q5_K's 6-bit scale and min of sub-block `j` (ggml's `get_scale_min_k4`).
+#[inline(always)]
+unsafe fn scale_min_k4(q: *const u8, j: usize) -> (i16, i16) {
+    if j < 4 {
+        (i16::from(*q.add(j) & 63), i16::from(*q.add(j + 4) & 63))
+    } else {
+        (
+            i16::from((*q.add(j + 4) & 0xf) | ((*q.add(j - 4) >> 6) << 4)),
+            i16::from((*q.add(j + 4) >> 4) | ((*q.add(j) >> 6) << 4)),
+        )
+    }
+}
+
+/// Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles): codes
+/// 0..=15, a scale and a min per 32 elements.
+pub(in crate::kernels) struct WQ4KS;
+impl SbW for WQ4KS {
+    const SB: usize = 144;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 144), b % 8);
+        let v = _mm256_loadu_si256(p.add(16 + 32 * (ib / 2)) as *const __m256i);
+        let q = _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (ib % 2) as i32)),
+            _mm256_set1_epi8(15),
+        );
+        let (s, _) = scale_min_k4(p.add(4), ib);
+        (q, s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 144))
+    }
+    #[inline(always)]
+    unsafe fn sub_min(w: *const u8, b: usize) -> (i16, i16) {
+        let (_, m) = scale_min_k4(w.add(b / 8 * 144 + 4), b % 8);
+        (m, m)
+    }
+    #[inline(always)]
+    unsafe fn super_dmin(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 144 + 2))
+    }
+}
+
+/// Q5_K (176 bytes: d, dmin, scales and mins as Q4_K's, 32 bytes of fifth bits, 128 of
+/// nibbles): codes 0..=31.
+pub(in crate::kernels) struct WQ5KS;
+impl SbW for WQ5KS {
+    const SB: usize = 176;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        let (p, ib) = (w.add(b / 8 * 176), b % 8);
+        let v = _mm256_loadu_si256(p.add(48 + 32 * (ib / 2)) as *const __m256i);
+        let lo = _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (ib % 2) as i32)),
+            _mm256_set1_epi8(15),
+        );
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let bit = _mm256_set1_epi8((1u8 << ib) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        let q = _mm256_or_si256(lo, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+        let (s, _) = scale_min_k4(p.add(4), ib);
+        (q, s, s)
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 176))
+    }
+    #[inline(always)]
+    unsafe fn sub_min(w: *const u8, b: usize) -> (i16, i16) {
+        let (_, m) = scale_min_k4(w.add(b / 8 * 176 + 4), b % 8);
+        (m, m)
+    }
+    #[inline(always)]
+    unsafe fn super_dmin(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 176 + 2))
+    }
+}
+
+/// Q6_K (210 bytes: 128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales, d): codes
+/// −32..=31, a scale per 16 elements.
+pub(in crate::kernels) struct WQ6KS;
+impl SbW for WQ6KS {
+    const SB: usize = 210;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
+        // Sub-block 4n + k: nibbles of ql[64n + 32·(k % 2) ..] (low for k < 2, else high),
+        // bits 2k..2k+2 of qh[32n ..].
+        let (p, ib) = (w.add(b / 8 * 210), b % 8);
+        let (n, k) = (ib / 4, ib % 4);
+        let v = _mm256_loadu_si256(p.add(64 * n + 32 * (k % 2)) as *const __m256i);
+        let lo = _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (k / 2) as i32)),
+            _mm256_set1_epi8(15),
+        );
+        let h = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+        let hi = _mm256_and_si256(
+            _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let q = _mm256_sub_epi8(
+            _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+            _mm256_set1_epi8(32),
+        );
+        let sc = p.add(192 + 8 * n + 2 * k) as *const i8;
+        (q, i16::from(*sc), i16::from(*sc.add(1)))
+    }
+    #[inline(always)]
+    unsafe fn super_d(w: *const u8, s: usize) -> f32 {
+        f16_at(w.add(s * 210 + 208))
     }
 }
 

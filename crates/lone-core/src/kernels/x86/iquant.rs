@@ -144,30 +144,12 @@ pub(in crate::kernels) unsafe fn iq4xs_scales(p: *const u8) -> [f32; 8] {
     })
 }
 
-/// IQ4_XS for the 8-bit matrix-vector kernels: each 32-element sub-block as a signed block
-/// of levels with its own scale `dl` (so it pairs with Q8_1 activation blocks, one scale per
-/// 32 elements, where llama.cpp takes Q8_K's one per 256).
+/// IQ4_XS: each 32-element sub-block's levels with its scale `ls − 32` ([`SbW`]: the 8-bit
+/// kernels against Q8_K; as [`LegacyW`], `dl = d·(ls − 32)`, the generic exact kernels' and
+/// the 8-bit GEMM's).
 pub(in crate::kernels) struct WIQ4XS;
 
-impl LegacyW for WIQ4XS {
-    /// An eighth of a super-block: what the kernels' prefetch distance is counted in.
-    const BB: usize = 17;
-    const SIGNED: bool = true;
-    unsafe fn decode(_: *const u8) -> (__m256i, f32, f32) {
-        unreachable!("IQ4_XS blocks are decoded by index (decode_at)")
-    }
-    #[inline(always)]
-    unsafe fn decode_at(w: *const u8, b: usize) -> (__m256i, f32, f32) {
-        let (p, ib) = (w.add(b / 8 * 136), b % 8);
-        let d = f16_at(p);
-        let h = u16::from_le_bytes([*p.add(2), *p.add(3)]);
-        let lo = (*p.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f;
-        let hi = ((h >> (2 * ib)) & 3) as u8;
-        let dl = d * (i32::from(lo | (hi << 4)) - 32) as f32;
-        let [l, hh] = group_levels(p.add(8 + 16 * ib));
-        (_mm256_set_m128i(hh, l), dl, 0.0)
-    }
-}
+legacy_via_sb!(WIQ4XS, 17);
 
 impl KExactW for XIQ4XS {
     const BB: usize = 136;

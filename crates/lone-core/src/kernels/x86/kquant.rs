@@ -73,8 +73,7 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
-        let mut acc = [_mm256_setzero_ps(); NX];
-        let mut accm = [_mm256_setzero_ps(); NX];
+        let mut acc = [0f32; NX];
         for b in 0..nb {
             let wb = w.add(b * bb);
             prefetch_block(wb, bb);
@@ -122,14 +121,15 @@ pub(in crate::kernels) unsafe fn q45k_rows_n<D: IDot, const FIVE: bool, const NX
                 let xb = xs[t].add(b * 292);
                 let dx = f32_at(xb);
                 let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
-                let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mpairs));
-                let si = _mm256_add_epi32(sumi[t][0], sumi[t][1]);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(d * dx), acc[t]);
-                accm[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(-dmin * dx), accm[t]);
+                // The super-block's integer sums, then `iqsuper`'s two float steps.
+                let mins = hsum_i32(_mm256_madd_epi16(bs, mpairs));
+                let si = hsum_i32(_mm256_add_epi32(sumi[t][0], sumi[t][1]));
+                acc[t] = (si as f32).mul_add(d * dx, acc[t]);
+                acc[t] = (mins as f32).mul_add(-(dmin * dx), acc[t]);
             }
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = hsum256(_mm256_add_ps(acc[t], accm[t]));
+            *a.out.add(t * a.out_stride + r) = acc[t];
         }
     }
 }
@@ -280,7 +280,7 @@ pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArg
     for r in 0..a.rows {
         let w = a.w.add(r * a.w_stride);
         let xs: [*const u8; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride));
-        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut acc = [0f32; NX];
         for b in 0..nb {
             let wb = w.add(b * 210);
             prefetch_block(wb, 210);
@@ -335,11 +335,12 @@ pub(in crate::kernels) unsafe fn q6k_rows_n<D: IDot, const NX: usize>(a: &MatArg
                 let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
                 let offs = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
                 let s = _mm256_sub_epi32(_mm256_add_epi32(sumi[t][0], sumi[t][1]), offs);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[t]);
+                // The super-block's integer sum, then `iqsuper`'s float step.
+                acc[t] = (hsum_i32(s) as f32).mul_add(d * dx, acc[t]);
             }
         }
         for t in 0..NX {
-            *a.out.add(t * a.out_stride + r) = hsum256(acc[t]);
+            *a.out.add(t * a.out_stride + r) = acc[t];
         }
     }
 }

@@ -50,8 +50,9 @@ mod exact;
 mod factored;
 mod float;
 mod int8dot;
-mod iqgrid;
+#[macro_use]
 mod iqsuper;
+mod iqgrid;
 mod iquant;
 mod kquant;
 mod quant8;
@@ -244,11 +245,34 @@ macro_rules! fast_entries {
             ]
         );
         predecoded!($features, $D, [(iq4_nl_dec, iq4_nl_decode, WIQ4NL)]);
+        sb_decoded!(
+            $features,
+            $D,
+            [
+                (q5_k_dec, q5_k_decode, WQ5KS),
+                (q6_k_dec, q6_k_decode, WQ6KS)
+            ]
+        );
     };
 }
 
 /// The super-block i-quants' and ternary formats' 8-bit kernels of one level ([`iqsuper`]:
 /// Q8_K activations), row by row on the stored rows and on a tile's rows decoded once.
+/// The many-row form alone, for formats whose own matrix-vector kernel keeps [`iqsuper`]'s
+/// chain (Q5_K, Q6_K).
+macro_rules! sb_decoded {
+    ($features:literal, $D:ty, [$(($mat:ident, $dec:ident, $W:ty)),*]) => {
+        $(
+            entry!($mat, $features, sb_rows::<$D, WSbDecoded<$W>>);
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn $dec(w: *const u8, w_stride: usize, rows: usize, k: usize,
+                                      dst: *mut u8) {
+                decode_rows_sb::<$W>(w, w_stride, rows, k, dst)
+            }
+        )*
+    };
+}
+
 macro_rules! sb_entries {
     ($features:literal, $D:ty, [$(($name:ident, $mat:ident, $dec:ident, $W:ty)),*]) => {
         $(
