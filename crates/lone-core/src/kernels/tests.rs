@@ -885,7 +885,8 @@ fn packed_kernels_have_a_packed_layout() {
         let (flags, best, not_here) = {
             let fast = format_of(dtype).and_then(|f| f.arm.fast).map(|(f, _)| f);
             let flags: Vec<bool> = fast.iter().flatten().map(|&(_, p)| p).collect();
-            (flags, fast.map(|f| f[1].1), &[DType::Q4K][..])
+            // Q4_K and IQ4_NL are packed for x86's kernels only.
+            (flags, fast.map(|f| f[1].1), &[DType::Q4K, DType::IQ4NL][..])
         };
         for (level, &p) in flags.iter().enumerate() {
             assert!(!p || packed::packs(dtype), "{dtype} level {level}");
