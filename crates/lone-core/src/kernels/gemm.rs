@@ -408,7 +408,8 @@ pub(super) fn sb_gemm(jobs: &[Job], x: &[f32], n: usize) {
         let (xqp, dxp, ysp) = (&xqp, &dxp, &ysp);
         let m = job.w.n_rows();
         let dtype = job.w.dtype;
-        let gemm = int8sb::gemm_fn(isa, dtype);
+        let format = int8sb::format(dtype).expect("sbgemm formats have a decoder");
+        let gemm = int8sb::gemm_fn(isa, format);
         let rb = dtype.bytes_for(k).expect("checked by matmul_kernel");
         let rows = range.len();
         // Code rows 64 bytes longer than k (see `gemm`'s f32 rows).
@@ -423,20 +424,16 @@ pub(super) fn sb_gemm(jobs: &[Job], x: &[f32], n: usize) {
                 let (sc, mn) = ints[..2 * rows * gs].split_at_mut(rows * gs);
                 let (dw, dmin) = floats[..2 * rows * ss].split_at_mut(rows * ss);
                 for r in 0..rows {
-                    // SAFETY: `wp` holds the tile's rows·rb stored bytes; the outputs are row
-                    // r of the buffers sized above; `dtype` is supported (sbgemm flag).
-                    unsafe {
-                        int8sb::unpack(
-                            dtype,
-                            wp.add(r * rb),
-                            k,
-                            codes.as_mut_ptr().add(r * cs),
-                            sc.as_mut_ptr().add(r * gs),
-                            dw.as_mut_ptr().add(r * ss),
-                            mn.as_mut_ptr().add(r * gs),
-                            dmin.as_mut_ptr().add(r * ss),
-                        )
+                    let u = int8sb::Unpacked {
+                        codes: codes.as_mut_ptr().wrapping_add(r * cs),
+                        sc: sc.as_mut_ptr().wrapping_add(r * gs),
+                        dw: dw.as_mut_ptr().wrapping_add(r * ss),
+                        mn: mn.as_mut_ptr().wrapping_add(r * gs),
+                        dmin: dmin.as_mut_ptr().wrapping_add(r * ss),
                     };
+                    // SAFETY: `wp` holds the tile's rows·rb stored bytes; `u` is row r of the
+                    // buffers sized above; the CPU has AVX2 (the jobs' level is a VNNI one).
+                    unsafe { (format.unpack)(wp.add(r * rb), k, &u) };
                 }
                 let a = int8sb::SbGemmArgs {
                     codes: codes.as_ptr(),

@@ -24,29 +24,48 @@ use super::x86::{WQ4KS, WQ5KS, WQ6KS};
 use super::x86::{WTQ1_0, WTQ2_0};
 use crate::tensor::DType;
 
-/// The formats this path takes on `isa`: the super-block i-quants, ternary formats, Q2_K
-/// and Q3_K, on the `vpdpbusd` levels.
+/// The formats this path takes on `isa`: the super-block i-quants, ternary formats and
+/// K-quants ([`format`]), on the `vpdpbusd` levels.
 pub(super) fn supports(isa: super::Isa, dtype: DType) -> bool {
-    matches!(isa, super::Isa::AvxVnni | super::Isa::Avx512) && split(dtype).is_some()
+    matches!(isa, super::Isa::AvxVnni | super::Isa::Avx512) && format(dtype).is_some()
 }
 
-/// Whether a super-block format's sub-blocks have a scale per 16 elements (None: not one of
-/// this path's formats).
-fn split(dtype: DType) -> Option<bool> {
-    match dtype {
-        DType::IQ2XS | DType::IQ2S | DType::IQ1M | DType::Q2K | DType::Q3K | DType::Q6K => {
-            Some(true)
-        }
-        DType::Q4K | DType::Q5K => Some(false),
-        DType::IQ4XS
-        | DType::IQ2XXS
-        | DType::IQ3XXS
-        | DType::IQ3S
-        | DType::IQ1S
-        | DType::TQ1_0
-        | DType::TQ2_0 => Some(false),
-        _ => None,
+/// A format's decoder as this path needs it: the row unpacker, and its decoder's shape.
+#[derive(Clone, Copy)]
+pub(super) struct SbFormat {
+    pub unpack: unsafe fn(*const u8, usize, &Unpacked),
+    split: bool,
+    min: bool,
+}
+
+fn of<W: SbW>() -> SbFormat {
+    SbFormat {
+        unpack: unpack_sb::<W>,
+        split: W::SPLIT,
+        min: W::MIN,
     }
+}
+
+/// `dtype`'s decoder, if this path takes it.
+pub(super) fn format(dtype: DType) -> Option<SbFormat> {
+    Some(match dtype {
+        DType::Q2K => of::<WQ2K>(),
+        DType::Q3K => of::<WQ3K>(),
+        DType::Q4K => of::<WQ4KS>(),
+        DType::Q5K => of::<WQ5KS>(),
+        DType::Q6K => of::<WQ6KS>(),
+        DType::IQ4XS => of::<WIQ4XS>(),
+        DType::IQ2XXS => of::<WIQ2XXS>(),
+        DType::IQ2XS => of::<WIQ2XS>(),
+        DType::IQ2S => of::<WIQ2S>(),
+        DType::IQ3XXS => of::<WIQ3XXS>(),
+        DType::IQ3S => of::<WIQ3S>(),
+        DType::IQ1S => of::<WIQ1S>(),
+        DType::IQ1M => of::<WIQ1M>(),
+        DType::TQ1_0 => of::<WTQ1_0>(),
+        DType::TQ2_0 => of::<WTQ2_0>(),
+        _ => return None,
+    })
 }
 
 /// Sizes of one packed activation block for `k` elements: bytes of `xq`, f32 of `dx`, i32
@@ -88,61 +107,22 @@ pub(super) unsafe fn pack_q8k(
     }
 }
 
-/// Unpacks one stored row of `k` elements: codes `q + 128` (k bytes), the scale of every 16
-/// elements (k/16 i32), `dw` of every super-block (k/256 f32).
+/// Where [`SbFormat::unpack`] writes one row of `k` elements: codes `q + 128` (k bytes), the
+/// scale and min of every 16 elements (k/16 i32 each; mins for [`SbW::MIN`] formats only),
+/// `dw` and `dmin` of every super-block (k/256 f32 each).
+pub(super) struct Unpacked {
+    pub codes: *mut u8,
+    pub sc: *mut i32,
+    pub dw: *mut f32,
+    pub mn: *mut i32,
+    pub dmin: *mut f32,
+}
+
+/// Unpacks the stored row at `src` into `u`.
 ///
 /// # Safety
-/// AVX2 available; `src` holds the row; the outputs hold the sizes above; `dtype` is one of
-/// [`supports`].
+/// AVX2 available; `src` holds the row; `u` holds the sizes above.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn unpack(
-    dtype: DType,
-    src: *const u8,
-    k: usize,
-    codes: *mut u8,
-    sc: *mut i32,
-    dw: *mut f32,
-    mn: *mut i32,
-    dmin: *mut f32,
-) {
-    let u = Unpacked {
-        codes,
-        sc,
-        dw,
-        mn,
-        dmin,
-    };
-    match dtype {
-        DType::Q2K => unpack_sb::<WQ2K>(src, k, &u),
-        DType::Q3K => unpack_sb::<WQ3K>(src, k, &u),
-        DType::Q4K => unpack_sb::<WQ4KS>(src, k, &u),
-        DType::Q5K => unpack_sb::<WQ5KS>(src, k, &u),
-        DType::Q6K => unpack_sb::<WQ6KS>(src, k, &u),
-        DType::IQ4XS => unpack_sb::<WIQ4XS>(src, k, &u),
-        DType::IQ2XXS => unpack_sb::<WIQ2XXS>(src, k, &u),
-        DType::IQ2XS => unpack_sb::<WIQ2XS>(src, k, &u),
-        DType::IQ2S => unpack_sb::<WIQ2S>(src, k, &u),
-        DType::IQ3XXS => unpack_sb::<WIQ3XXS>(src, k, &u),
-        DType::IQ3S => unpack_sb::<WIQ3S>(src, k, &u),
-        DType::IQ1S => unpack_sb::<WIQ1S>(src, k, &u),
-        DType::IQ1M => unpack_sb::<WIQ1M>(src, k, &u),
-        DType::TQ1_0 => unpack_sb::<WTQ1_0>(src, k, &u),
-        DType::TQ2_0 => unpack_sb::<WTQ2_0>(src, k, &u),
-        _ => unreachable!("checked by supports()"),
-    }
-}
-
-/// Where [`unpack`] writes one row.
-struct Unpacked {
-    codes: *mut u8,
-    sc: *mut i32,
-    dw: *mut f32,
-    mn: *mut i32,
-    dmin: *mut f32,
-}
-
-#[inline(always)]
 unsafe fn unpack_sb<W: SbW>(src: *const u8, k: usize, u: &Unpacked) {
     for b in 0..k / 32 {
         let (q, s0, s1) = W::sub_int(src, b);
@@ -403,11 +383,9 @@ unsafe fn gemm_vnni<const SPAN: usize, const MIN: bool>(g: &SbGemmArgs) {
     });
 }
 
-/// The tile kernel for `dtype` on `isa` (one of [`supports`]).
-pub(super) fn gemm_fn(isa: super::Isa, dtype: DType) -> unsafe fn(&SbGemmArgs) {
-    let split = split(dtype).expect("checked by supports()");
-    let min = matches!(dtype, DType::Q2K | DType::Q4K | DType::Q5K);
-    match (isa, split, min) {
+/// The tile kernel for a format's decoder on `isa` (a `vpdpbusd` level).
+pub(super) fn gemm_fn(isa: super::Isa, f: SbFormat) -> unsafe fn(&SbGemmArgs) {
+    match (isa, f.split, f.min) {
         (super::Isa::Avx512, true, true) => gemm512::<16, true>,
         (super::Isa::Avx512, true, false) => gemm512::<16, false>,
         (super::Isa::Avx512, false, true) => gemm512::<32, true>,

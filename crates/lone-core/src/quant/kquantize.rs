@@ -229,17 +229,6 @@ pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
-
 // ------------------------------------------------------------------ shared tails
 // What every Q2_K..Q6_K quantizer does once its (sub-block) scales are chosen, with or
 // without an imatrix: re-round the values with the stored scales and pack the levels.
@@ -250,7 +239,7 @@ pub(crate) fn k4_levels(x: &[f32], head: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
     let df = f16_to_f32([head[0], head[1]]);
     let dminf = f16_to_f32([head[2], head[3]]);
     for j in 0..8 {
-        let (sc, m) = get_scale_min_k4(j, &head[4..16]);
+        let (sc, m) = super::kquants::scale_min_k4(j, &head[4..16]);
         let dd = df * sc as f32;
         if dd == 0.0 {
             continue;

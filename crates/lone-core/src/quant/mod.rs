@@ -43,8 +43,8 @@ pub(crate) mod reference_blocks {
     pub(crate) use super::iqgrid::KSIGN_MASKS;
     /// The i-quants' levels, which the SIMD kernels look their indices up in.
     pub(crate) use super::iquants::KVALUES_IQ4NL;
-    /// The aarch64 8-bit K-quant kernels read the packed scales with it.
-    #[cfg(target_arch = "aarch64")]
+    /// The 8-bit K-quant kernels read the packed scales with it.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(crate) use super::kquants::scale_min_k4;
     /// The x86 exact kernels inline them (aarch64 decodes K-quants in NEON).
     #[cfg(target_arch = "x86_64")]

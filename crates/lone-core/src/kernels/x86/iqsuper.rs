@@ -1,6 +1,6 @@
 //! The super-block i-quants (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M),
-//! the ternary formats (TQ1_0, TQ2_0) and Q2_K, Q3_K against Q8_K activations, as llama.cpp pairs them:
-//! **one float operation per 256 elements**.
+//! the ternary formats (TQ1_0, TQ2_0) and Q2_K, Q3_K against Q8_K activations, as llama.cpp
+//! pairs them: **one float operation per 256 elements**.
 //!
 //! Every weight of these formats is `dw · s · q` with one float `dw` per super-block of 256,
 //! an integer scale `s` per sub-block of 32 (or per 16) and a signed integer code `q`
@@ -12,10 +12,10 @@
 //!
 //! where the integer sum is exact in any order. Q3_K fits the same shape (codes −4..=3, a
 //! scale per 16); Q2_K adds a min per 16 (`dw·s·q − dmin·m`): a second step
-//! `acc ← fma(float(Σ m·Σy), −dmin·dx, acc)` with Q8_K's sums of 16. Every kernel that keeps that chain — this
-//! file's row-by-row ones, on the stored or on the decoded rows, and the 8-bit GEMM's
-//! super-block form (`int8::sb_gemm`) — gives each output the same bits whatever the number
-//! of activation rows: the default mode takes all of them.
+//! `acc ← fma(float(Σ m·Σy), −dmin·dx, acc)` with Q8_K's sums of 16. Every kernel that keeps
+//! that chain — this file's row-by-row ones, on the stored or on the decoded rows, the
+//! K-quants' own (`kquant`), and the 8-bit GEMM (`int8sb`) — gives each output the same bits
+//! whatever the number of activation rows: the default mode takes all of them.
 
 use super::*;
 
@@ -159,17 +159,11 @@ impl SbW for WQ2K {
     }
 }
 
-/// Q4_K's and Q5_K's 6-bit scale and min of sub-block `j` (ggml's `get_scale_min_k4`).
+/// Q4_K's and Q5_K's 6-bit scale and min of sub-block `j` from the 12 packed bytes at `q`.
 #[inline(always)]
 unsafe fn scale_min_k4(q: *const u8, j: usize) -> (i16, i16) {
-    if j < 4 {
-        (i16::from(*q.add(j) & 63), i16::from(*q.add(j + 4) & 63))
-    } else {
-        (
-            i16::from((*q.add(j + 4) & 0xf) | ((*q.add(j - 4) >> 6) << 4)),
-            i16::from((*q.add(j + 4) >> 4) | ((*q.add(j) >> 6) << 4)),
-        )
-    }
+    let (s, m) = rb::scale_min_k4(j, core::slice::from_raw_parts(q, 12));
+    (i16::from(s), i16::from(m))
 }
 
 /// Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles): codes
