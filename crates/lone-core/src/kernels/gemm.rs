@@ -130,10 +130,15 @@ pub(super) fn path(kern: &Kernel, n: usize, k: usize) -> Path {
     if kern.bgemm && n >= BGEMM_MIN_ROWS {
         return Path::Bgemm;
     }
-    if let Some(g) = kern
-        .gemm
-        .filter(|_| prompt_rows() || (n >= GEMM_MIN_ROWS && !decode_rows()))
-    {
+    // Exact prompt rows take the GEMM in any number, decode rows the matrix-vector kernels,
+    // so that a row's result does not depend on the others. Kernels that give the GEMM's own
+    // chain ([`Kernel::gemm_chain`]) serve both by row count alone.
+    let gemm_here = if kern.gemm_chain {
+        n >= GEMM_MIN_ROWS
+    } else {
+        prompt_rows() || (n >= GEMM_MIN_ROWS && !decode_rows())
+    };
+    if let Some(g) = kern.gemm.filter(|_| gemm_here) {
         return Path::Gemm(g.tb);
     }
     #[cfg(target_arch = "x86_64")]
@@ -179,7 +184,6 @@ pub(super) fn pack_for_decode(jobs: &[Job]) {
 
 /// [`with_stored_rows`], or, when `skip`, `f` with a null pointer (the caller reads the
 /// packed copy itself).
-#[cfg(target_arch = "x86_64")]
 pub(super) fn with_stored_rows_unless<R>(
     w: &Tensor,
     range: std::ops::Range<usize>,
@@ -290,11 +294,53 @@ pub(super) fn gemm(jobs: &[Job], x: &[f32], n: usize) {
         let m = job.w.n_rows();
         let rb = job.w.dtype.bytes_for(k).expect("checked by matmul_kernel");
         let rows = range.len();
-        with_stored_rows(job.w, range.clone(), |wp| {
+        // A packed copy that the format's group dequantizer reads in place: whole groups
+        // from it (tiles start at multiples of 8), rows past the last whole group as stored.
+        let groups = g.deq_group.zip(
+            job.w
+                .packed_if_built()
+                .filter(|_| packed::packs(job.w.dtype)),
+        );
+        let in_groups = groups.map_or(0, |_| {
+            (job.w.n_rows() / packed::GROUP * packed::GROUP).clamp(range.start, range.end)
+                - range.start
+        });
+        with_stored_rows_unless(job.w, range.clone(), groups.is_some(), |wp| {
             GBUF.with(|buf| {
                 let mut buf = buf.borrow_mut();
-                let (wf, ws) = match g.deq {
-                    Some(deq) => {
+                let (wf, ws) = match (g.deq, groups) {
+                    (Some(_), Some((deq_group, p))) => {
+                        let ws = k + 16;
+                        grow(&mut buf, rows * ws);
+                        for r in (0..in_groups).step_by(packed::GROUP) {
+                            // SAFETY: rows range.start + r.. form a whole group of the packed
+                            // copy (range.start is a multiple of 8 and r < in_groups), which
+                            // holds the tensor's m·rb bytes; buf holds rows·ws f32; the
+                            // dequantizer was picked for this dtype on an available ISA.
+                            unsafe {
+                                deq_group(
+                                    p.as_ptr().add((range.start + r) * rb),
+                                    k,
+                                    buf.as_mut_ptr().add(r * ws),
+                                    ws,
+                                )
+                            };
+                        }
+                        for r in in_groups..rows {
+                            let deq = g.deq.expect("matched above");
+                            // SAFETY: rows past the last whole group are stored as they were
+                            // in the packed copy; buf as above.
+                            unsafe {
+                                deq(
+                                    p.as_ptr().add((range.start + r) * rb),
+                                    buf.as_mut_ptr().add(r * ws),
+                                    k,
+                                )
+                            };
+                        }
+                        (buf.as_ptr(), ws)
+                    }
+                    (Some(deq), None) => {
                         // Rows 16 f32 longer than k: rows a multiple of 4 KiB apart would all
                         // fall in the same L1 sets while the kernel reads them side by side.
                         let ws = k + 16;
@@ -308,7 +354,7 @@ pub(super) fn gemm(jobs: &[Job], x: &[f32], n: usize) {
                         (buf.as_ptr(), ws)
                     }
                     // F32 rows are used in place: rb = 4k bytes each, the tile's rows at `wp`.
-                    None => (wp as *const f32, k),
+                    (None, _) => (wp as *const f32, k),
                 };
                 let a = GemmArgs {
                     w: wf,

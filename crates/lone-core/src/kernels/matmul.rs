@@ -7,6 +7,11 @@ use super::*;
 /// activation rows passes over it.
 pub(super) const TILE_ROWS: usize = 16;
 
+/// Weight rows per call of a kernel that keeps the f32 GEMM's chain ([`Kernel::gemm_chain`]):
+/// one FMA chain per output over all of `k`, so independent chains come only from more rows
+/// (8 groups of 8 for one activation row); its tile is read from L2.
+pub(super) const CHAIN_TILE_ROWS: usize = 64;
+
 #[derive(Clone, Copy)]
 pub(super) struct SendPtr<T>(pub(super) *mut T);
 // SAFETY: used only to hand disjoint output rows / read-only buffers to pool threads, all of
@@ -272,9 +277,14 @@ pub(super) unsafe fn rows_task(
     };
     let mut tbuf = TBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let mut decbuf = DECBUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let tile = if job.kern.gemm_chain {
+        CHAIN_TILE_ROWS
+    } else {
+        TILE_ROWS
+    };
     let mut r0 = range.start;
     while r0 < range.end {
-        let rows = TILE_ROWS.min(range.end - r0);
+        let rows = tile.min(range.end - r0);
         let w = match from_packed {
             Some(p) => {
                 grow(&mut tbuf, rows * rb);

@@ -1,6 +1,11 @@
 //! Weight layouts built once per tensor for a kernel ([`Tensor::packed`]), as llama.cpp
 //! repacks Q4_0 into interleaved row groups at load.
 //!
+//! **F16 and BF16** (x86's exact matrix-vector kernels, `x86::float_rows8`): rows in groups
+//! of 8, element by element: the 8 rows' element `i` side by side (16 bytes), so one load
+//! is element `i` of 8 rows and each output is one FMA chain over `i` in order, the f32
+//! GEMM's own.
+//!
 //! **Rows by 8** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL: the 8-bit matrix-vector kernels
 //! of x86's VNNI levels, `q4_0_x8` …, and aarch64's dotprod level, `neon::rows8`; Q6_K: the
 //! latter's only, as are Q2_K and Q3_K): the rows are taken in groups of 8, and each group's blocks are stored block
@@ -74,6 +79,9 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
     const Q3_K: &[Unit] = &[f16s(108, 1), words(96, 3), words(0, 8), words(32, 16)];
     // Q6_K: d, the 16 scales (4 words), ql (32), qh (16).
     const Q6_K: &[Unit] = &[f16s(208, 1), words(192, 4), words(0, 32), words(128, 16)];
+    // F16, BF16 (x86's exact kernels): a block is one element, so each element index holds
+    // the 8 rows' values side by side (16 bytes).
+    const HALF: &[Unit] = &[f16s(0, 1)];
     Some(match dtype {
         // IQ4_NL's block is Q4_0's (f16 d, 16 bytes of index pairs).
         DType::Q4_0 | DType::IQ4NL => Q4_0,
@@ -85,6 +93,7 @@ fn units(dtype: DType) -> Option<&'static [Unit]> {
         DType::Q2K => Q2_K,
         DType::Q3K => Q3_K,
         DType::Q6K => Q6_K,
+        DType::F16 | DType::BF16 => HALF,
         _ => return None,
     })
 }
@@ -147,6 +156,16 @@ pub(crate) fn rows_by_8_into(dtype: DType, k: usize, data: &[u8], out: &mut [u8]
     let whole = data.len() / rb / GROUP * GROUP * rb;
     out[whole..].copy_from_slice(&data[whole..]);
     let pack_group = |(src, dst): (&[u8], &mut [u8])| {
+        if bb == 2 && dtype.block_size() == 1 {
+            // 2-byte elements: a transpose of 8 rows of u16 (the loop below moves the same
+            // bytes field by field, several times slower on a model's float matrices).
+            for (i, o) in dst.chunks_exact_mut(2 * GROUP).enumerate() {
+                for r in 0..GROUP {
+                    o[2 * r..2 * r + 2].copy_from_slice(&src[r * rb + 2 * i..r * rb + 2 * i + 2]);
+                }
+            }
+            return;
+        }
         for b in 0..nb {
             let o = &mut dst[b * GROUP * bb..(b + 1) * GROUP * bb];
             let mut pos = 0;
@@ -229,6 +248,15 @@ fn unpack_group(dtype: DType, src: &[u8], rb: usize, dst: &mut [u8]) {
     let bb = dtype.block_bytes();
     let nb = rb / bb;
     assert!(src.len() >= GROUP * nb * bb && dst.len() >= GROUP * rb && rb == nb * bb);
+    if bb == 2 && dtype.block_size() == 1 {
+        // 2-byte elements: the transpose back (as `rows_by_8_into`).
+        for (i, o) in src[..GROUP * rb].chunks_exact(2 * GROUP).enumerate() {
+            for r in 0..GROUP {
+                dst[r * rb + 2 * i..r * rb + 2 * i + 2].copy_from_slice(&o[2 * r..2 * r + 2]);
+            }
+        }
+        return;
+    }
     for b in 0..nb {
         let (o, blk) = (src[b * GROUP * bb..].as_ptr(), dst[b * bb..].as_mut_ptr());
         let mut pos = 0;
@@ -282,7 +310,9 @@ pub(crate) unsafe fn rows_past_groups(a: &MatArgs) -> Option<MatArgs> {
 mod tests {
     use super::*;
 
-    const PACKED: [DType; 10] = [
+    const PACKED: [DType; 12] = [
+        DType::F16,
+        DType::BF16,
         DType::IQ4NL,
         DType::Q2K,
         DType::Q3K,
@@ -352,7 +382,7 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "{dtype}");
         }
-        assert!(!packs(DType::Q5K) && !packs(DType::F16));
+        assert!(!packs(DType::Q5K) && !packs(DType::F32));
     }
 
     /// The rearranged high bits say, byte by byte, what the module docs say: for every

@@ -163,11 +163,19 @@ pub(crate) type GemmFn = unsafe fn(&GemmArgs);
 /// bit-exactly. Same safety contract as [`GemmFn`].
 pub(crate) type DeqFn = unsafe fn(*const u8, *mut f32, usize);
 
+/// Widen one group of 8 rows of `k` elements in the rows-by-8 layout ([`packed`]) at `src`
+/// to f32 rows `dst_stride` apart at `dst`, bit for bit what [`DeqFn`] gives for the stored
+/// rows. Safety: as [`DeqFn`]'s.
+pub(crate) type DeqGroupFn = unsafe fn(*const u8, usize, *mut f32, usize);
+
 /// The exact-mode many-row path: rows dequantized once into f32 (`deq`; F32 needs none), then
 /// multiplied by every activation row with a register-blocked f32 tile kernel.
 #[derive(Clone, Copy)]
 pub(super) struct Gemm {
     pub(super) deq: Option<DeqFn>,
+    /// The dequantizer of a group of 8 rows in the rows-by-8 layout, for a tensor whose
+    /// packed copy exists (read in place of the stored rows); None: stored rows rebuilt.
+    pub(super) deq_group: Option<DeqGroupFn>,
     pub(super) tile: GemmFn,
     /// Activation rows per packed block.
     pub(super) tb: usize,
@@ -213,6 +221,9 @@ pub(super) struct Kernel {
     pub(super) sbgemm: bool,
     /// `f` reads the weights in [`packed`]'s rows-by-8 layout ([`Tensor::packed`]).
     pub(super) packed: bool,
+    /// `f` gives each output the f32 GEMM's own FMA chain (`x86::float_rows8`: F16, BF16),
+    /// so `gemm` may take many rows in every mode without changing a row's result.
+    pub(super) gemm_chain: bool,
     /// The family the kernel belongs to (the 8-bit GEMM's level).
     pub(super) isa: Isa,
     /// Fast mode on aarch64: the kernel for several activation rows in the pair layout
@@ -253,6 +264,10 @@ pub(super) struct X86Kernels {
     pub(super) exact: [MatFn; 2],
     /// The bit-exact row dequantizer of the f32 GEMM; None: rows used in place (F32).
     pub(super) deq: Option<[DeqFn; 2]>,
+    /// The exact kernel over rows packed by 8 that keeps the f32 GEMM's chain
+    /// ([`Kernel::gemm_chain`]), with the GEMM's group dequantizer for that layout: the
+    /// weight matrices' kernel (attention's key rows keep `exact`, the stored layout).
+    pub(super) chain: Option<([MatFn; 2], [DeqGroupFn; 2])>,
     /// AVX2's factored exact kernel (scales out of the block sums), faster there than the
     /// generic one, and the activations it takes.
     pub(super) fac: Option<(MatFn, Act)>,
@@ -360,6 +375,7 @@ macro_rules! weight_format {
             x86: X86Kernels {
                 exact: both!($exact, MatFn),
                 deq: $deq,
+                chain: None,
                 fac: $fac,
                 fast: $fast,
                 predecode: None,
@@ -384,6 +400,7 @@ macro_rules! grid_format {
             x86: X86Kernels {
                 exact: both!($exact, MatFn),
                 deq: Some(both!($deq, DeqFn)),
+                chain: None,
                 fac: None,
                 fast: Some(all3!($fast, packed: false)),
                 predecode: predecoded!($mat, $dec),
@@ -392,6 +409,19 @@ macro_rules! grid_format {
             arm: arm!($fast, 8bit: Q8_1),
         }
     };
+}
+
+/// A float format entry with its x86 rows-by-8 chain kernel ([`X86Kernels::chain`]).
+macro_rules! with_chain {
+    ($f:expr, $mat:ident, $deq:ident) => {{
+        #[allow(unused_mut)]
+        let mut f = $f;
+        #[cfg(target_arch = "x86_64")]
+        {
+            f.x86.chain = Some((both!($mat, MatFn), both!($deq, DeqGroupFn)));
+        }
+        f
+    }};
 }
 
 /// A format entry with its x86 8-bit kernels' many-row form ([`Kernel::predecode`]).
@@ -411,10 +441,18 @@ macro_rules! with_predecode {
 pub(super) const FORMATS: &[Format] = &[
     weight_format!(F32, None, exact: f32, deq: None, fac: None, fast: None,
         arm: f32),
-    weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None, fast: None,
-        arm: f16),
-    weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None, fast: None,
-        arm: bf16),
+    with_chain!(
+        weight_format!(F16, None, exact: f16, deq: Some(both!(deq_f16, DeqFn)), fac: None,
+        fast: None, arm: f16),
+        f16_x8,
+        deq8_f16
+    ),
+    with_chain!(
+        weight_format!(BF16, None, exact: bf16, deq: Some(both!(deq_bf16, DeqFn)), fac: None,
+        fast: None, arm: bf16),
+        bf16_x8,
+        deq8_bf16
+    ),
     weight_format!(Q4_0, Some(DType::Q8_1), exact: exact_q4_0, deq: Some(both!(deq_q4_0, DeqFn)),
         fac: Some((x86::fac::q4_0 as MatFn, Act::F32Sums)), fast: Some(all3!(q4_0_x8, packed: true)),
         arm: q4_0, 8bit: Q8_1, rows8, pairs),
@@ -587,6 +625,7 @@ pub(super) fn kernel(isa: Isa, dtype: DType, exact: bool) -> Kernel {
         bgemm: false,
         sbgemm: false,
         packed: false,
+        gemm_chain: false,
         isa: Isa::Scalar,
         pairs: None,
         predecode: None,
@@ -651,6 +690,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             act: Act::F32,
             gemm: Some(Gemm {
                 deq,
+                deq_group: None,
                 tile,
                 tb,
                 pack,
@@ -660,6 +700,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             bgemm: false,
             sbgemm: false,
             packed: false,
+            gemm_chain: false,
             isa,
             pairs: None,
             predecode: None,
@@ -678,6 +719,7 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
             bgemm: false,
             sbgemm: false,
             packed,
+            gemm_chain: false,
             isa,
             pairs: None,
             // Tiles decoded once from the stored rows: the row-by-row kernels only.
@@ -687,8 +729,20 @@ pub(super) fn x86_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
     let deq = k.deq.map(|d| d[level]);
     // AVX2, exact: the factored kernels (scales out of the block sums); the AVX-512 level's
     // table-lookup kernels are faster there.
-    match k.fac {
-        Some((fac, act)) if isa != Isa::Avx512 => f32k(fac, deq).map(|kern| Kernel { act, ..kern }),
+    match (k.chain, k.fac) {
+        // Rows packed by 8 with the GEMM's chain (F16, BF16), the GEMM reading that layout.
+        (Some((mats, groups)), _) => f32k(mats[level], deq).map(|kern| Kernel {
+            packed: true,
+            gemm_chain: true,
+            gemm: kern.gemm.map(|g| Gemm {
+                deq_group: Some(groups[level]),
+                ..g
+            }),
+            ..kern
+        }),
+        (_, Some((fac, act))) if isa != Isa::Avx512 => {
+            f32k(fac, deq).map(|kern| Kernel { act, ..kern })
+        }
         _ => f32k(k.exact[level], deq),
     }
 }
@@ -712,6 +766,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
     // (four activation rows per weight pass beat the f32 GEMM's FMAs on NEON).
     let gemm = (act == Act::F32).then_some(Gemm {
         deq: k.deq,
+        deq_group: None,
         tile: neon::gemm,
         tb: neon::TB,
         pack: None,
@@ -725,6 +780,7 @@ pub(super) fn arm_kernel(isa: Isa, dtype: DType, fast_act: Option<DType>) -> Opt
         bgemm: false,
         sbgemm: false,
         packed,
+        gemm_chain: false,
         isa,
         pairs,
         predecode: None,
@@ -736,7 +792,24 @@ pub(super) struct Active {
     pub(super) isa: Isa,
     /// Per format, indexed by [`Mode`] (fast, exact, auto).
     pub(super) table: Vec<[Kernel; 3]>,
+    /// Per format, the exact kernel over rows in the stored layout at any stride (attention's
+    /// key rows: [`super::dot_rows`]); the weight matrices' kernel may read a packed copy.
+    pub(super) stored: Vec<MatFn>,
     pub(super) vec: VecFns,
+}
+
+/// [`kernel`]'s exact kernel for `dtype`, reading rows in the stored layout.
+pub(super) fn stored_kernel(isa: Isa, dtype: DType) -> MatFn {
+    let k = kernel(isa, dtype, true);
+    #[cfg(target_arch = "x86_64")]
+    if k.gemm_chain {
+        let level = usize::from(isa == Isa::Avx512);
+        return format_of(dtype)
+            .expect("a chain kernel has a format")
+            .x86
+            .exact[level];
+    }
+    k.f
 }
 
 /// Whether [`Mode::Auto`] multiplies `dtype` with 8-bit activations on the matrix-vector path
@@ -797,6 +870,7 @@ pub(super) fn active() -> &'static Active {
         Active {
             isa,
             table,
+            stored: DType::ALL.iter().map(|&d| stored_kernel(isa, d)).collect(),
             vec: vec_fns(isa),
         }
     })

@@ -405,7 +405,7 @@ fn dot_rows_and_mix_rows_match_the_reference() {
             // Every family's F32/F16 kernel on strided rows (what dot_rows hands it).
             for isa in Isa::available() {
                 let dtype = view.dtype();
-                let kern = kernel(isa, dtype, true);
+                let f = stored_kernel(isa, dtype);
                 let mut s2 = vec![f32::NAN; nq * nk];
                 for g0 in (0..nq).step_by(4) {
                     let a = MatArgs {
@@ -421,7 +421,7 @@ fn dot_rows_and_mix_rows_match_the_reference() {
                         out_stride: nk,
                     };
                     // SAFETY: the extents match the MatFn contract; `isa` is available.
-                    unsafe { (kern.f)(&a) };
+                    unsafe { f(&a) };
                 }
                 for (i, (&a, &b)) in s2.iter().zip(&s).enumerate() {
                     let tol = 1e-5 * (1.0 + b.abs()) * d as f32;
@@ -862,11 +862,24 @@ fn simd_activation_quantizers_are_the_reference() {
 /// A kernel that reads the rows-by-8 layout belongs to a format `packed` lays out, and every
 /// format `packed` lays out has such a kernel on x86's VNNI levels or aarch64's dotprod level
 /// (a layout no kernel reads would only cost the copy): on x86 all but Q2_K, Q3_K and Q6_K,
-/// on aarch64 all but Q4_K.
+/// on aarch64 all but Q4_K, F16 and BF16. x86's F16/BF16 are read packed by their exact
+/// kernels (the GEMM's chain) on every level.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[test]
 fn packed_kernels_have_a_packed_layout() {
     for dtype in FORMATS {
+        #[cfg(target_arch = "x86_64")]
+        if format_of(dtype).and_then(|f| f.x86.chain).is_some() {
+            assert!(
+                packed::packs(dtype),
+                "{dtype}: a chain kernel without the layout"
+            );
+            for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
+                let k = kernel(isa, dtype, true);
+                assert!(k.packed && k.gemm_chain, "{dtype} {isa:?}");
+            }
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         let (flags, best, not_here) = {
             let fast = format_of(dtype).and_then(|f| f.x86.fast);
@@ -885,8 +898,9 @@ fn packed_kernels_have_a_packed_layout() {
         let (flags, best, not_here) = {
             let fast = format_of(dtype).and_then(|f| f.arm.fast).map(|(f, _)| f);
             let flags: Vec<bool> = fast.iter().flatten().map(|&(_, p)| p).collect();
-            // Q4_K and IQ4_NL are packed for x86's kernels only.
-            (flags, fast.map(|f| f[1].1), &[DType::Q4K, DType::IQ4NL][..])
+            // Q4_K, IQ4_NL, F16 and BF16 are packed for x86's kernels only.
+            let x86_only = &[DType::Q4K, DType::IQ4NL, DType::F16, DType::BF16][..];
+            (flags, fast.map(|f| f[1].1), x86_only)
         };
         for (level, &p) in flags.iter().enumerate() {
             assert!(!p || packed::packs(dtype), "{dtype} level {level}");

@@ -374,6 +374,7 @@ pub fn dot_rows(
     let dtype = keys.dtype();
     let kern = active().table[dtype_index(dtype)][Mode::Exact as usize];
     debug_assert!(kern.act == Act::F32);
+    let f = active().stored[dtype_index(dtype)];
     let mut g0 = 0;
     while g0 < nq {
         let nx = 4.min(nq - g0);
@@ -393,7 +394,7 @@ pub fn dot_rows(
                 out: out.as_mut_ptr().add(g0 * nk),
                 out_stride: nk,
             };
-            (kern.f)(&a);
+            f(&a);
         }
         g0 += nx;
     }

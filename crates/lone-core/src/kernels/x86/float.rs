@@ -153,3 +153,121 @@ pub(in crate::kernels) unsafe fn float_rows<V: F32X, W: FloatW>(a: &MatArgs) {
         by_nx!(a, float_rows_n, V, W; false)
     }
 }
+
+/// F16/BF16 weights in [`super::super::packed`]'s rows-by-8 layout (element `i` of a group's
+/// 8 rows side by side) against `NX` f32 activation rows: each output is ONE FMA chain over
+/// `i = 0..k` in order from zero, `acc = fma(w[r, i], x[t, i], acc)` on the exactly widened
+/// weight — the f32 GEMM's chain ([`gemm_micro`], [`gemm_narrow_n`]) — so a row's output is
+/// the same whether the GEMM or this kernel takes it, alone or among any number of rows: the
+/// default mode lets the GEMM take its many-row steps. 8 rows a vector (rows in lanes: no
+/// horizontal sums); the matrix-vector driver hands it `CHAIN_TILE_ROWS`
+/// rows a call, so that one activation row has 8 groups' independent chains.
+/// Rows past the last whole group (stored as they were) take the same chain one element at a
+/// time.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn float_rows8_n<W: FloatW, const NX: usize>(a: &MatArgs) {
+    let groups = a.rows / 8;
+    let gb = 8 * a.w_stride;
+    let xs: [*const f32; NX] = core::array::from_fn(|t| a.x.add(t * a.x_stride) as *const f32);
+    // Groups side by side: 8 independent chains where the registers allow (the FMA's
+    // latency, not the memory, bounds one chain per activation row).
+    let mut g = 0;
+    while g < groups {
+        let left = groups - g;
+        g += if NX == 1 && left >= 8 {
+            float_groups8::<W, NX, 8>(a, g, gb, &xs);
+            8
+        } else if NX <= 2 && left >= 4 {
+            float_groups8::<W, NX, 4>(a, g, gb, &xs);
+            4
+        } else if left >= 2 {
+            float_groups8::<W, NX, 2>(a, g, gb, &xs);
+            2
+        } else {
+            float_groups8::<W, NX, 1>(a, g, gb, &xs);
+            1
+        };
+    }
+    for r in groups * 8..a.rows {
+        let w = a.w.add(r * a.w_stride);
+        for t in 0..NX {
+            let mut acc = 0.0f32;
+            for i in 0..a.k {
+                acc = W::scalar(w.add(i * W::EB)).mul_add(*xs[t].add(i), acc);
+            }
+            *a.out.add(t * a.out_stride + r) = acc;
+        }
+    }
+}
+
+/// How far ahead [`float_groups8`] prefetches each group's stream of the weights.
+const CHAIN_PREFETCH: usize = 1024;
+
+/// Groups `g..g + G` of 8 packed rows of `a` ([`float_rows8_n`]).
+#[inline(always)]
+unsafe fn float_groups8<W: FloatW, const NX: usize, const G: usize>(
+    a: &MatArgs,
+    g: usize,
+    gb: usize,
+    xs: &[*const f32; NX],
+) {
+    let ws: [*const u8; G] = core::array::from_fn(|j| a.w.add((g + j) * gb));
+    let eb = 8 * W::EB;
+    let mut acc = [[_mm256_setzero_ps(); NX]; G];
+    for i in 0..a.k {
+        if i % 4 == 0 {
+            // Each group's stream CHAIN_PREFETCH bytes ahead (a hint: past the end of the
+            // rows it fetches nothing).
+            for w in ws {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(i * eb + CHAIN_PREFETCH) as *const i8);
+            }
+        }
+        let xv: [__m256; NX] = core::array::from_fn(|t| _mm256_set1_ps(*xs[t].add(i)));
+        for j in 0..G {
+            let w: V8 = W::load(ws[j].add(i * eb));
+            for t in 0..NX {
+                acc[j][t] = _mm256_fmadd_ps(w.0, xv[t], acc[j][t]);
+            }
+        }
+    }
+    for j in 0..G {
+        for t in 0..NX {
+            _mm256_storeu_ps(a.out.add(t * a.out_stride + 8 * (g + j)), acc[j][t]);
+        }
+    }
+}
+
+#[inline(always)]
+pub(in crate::kernels) unsafe fn float_rows8<W: FloatW>(a: &MatArgs) {
+    by_nx!(a, float_rows8_n, W)
+}
+
+/// One group of 8 rows of `k` F16/BF16 elements in the rows-by-8 layout at `src`, widened to
+/// f32 rows `dst_stride` apart at `dst` (the f32 GEMM's tile, read straight from the packed
+/// copy): 8 elements of the 8 rows at a time, transposed in registers.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn deq_rows8<W: FloatW>(
+    src: *const u8,
+    k: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let eb = 8 * W::EB;
+    let mut i = 0;
+    while i + 8 <= k {
+        let cols: [__m256; 8] = core::array::from_fn(|c| {
+            let v: V8 = W::load(src.add((i + c) * eb));
+            v.0
+        });
+        for (r, v) in transpose8(cols).into_iter().enumerate() {
+            _mm256_storeu_ps(dst.add(r * dst_stride + i), v);
+        }
+        i += 8;
+    }
+    while i < k {
+        for r in 0..8 {
+            *dst.add(r * dst_stride + i) = W::scalar(src.add(i * eb + r * W::EB));
+        }
+        i += 1;
+    }
+}

@@ -109,6 +109,16 @@ macro_rules! deq_entry {
     };
 }
 
+/// A row-group dequantizer ([`super::DeqGroupFn`]) at one level.
+macro_rules! deq_group_entry {
+    ($name:ident, $features:literal, $body:expr) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(src: *const u8, k: usize, dst: *mut f32, dst_stride: usize) {
+            $body(src, k, dst, dst_stride)
+        }
+    };
+}
+
 macro_rules! level {
     ($m:ident, $features:literal, $V:ty, $D:ty, $leg:ident, $q4k:expr, $q5k:expr, $q6k:expr,
      $gr:literal, $deqleg:ident, $iq4xs:expr, $deqiq4xs:expr) => {
@@ -168,6 +178,10 @@ macro_rules! level {
             entry!(f32, $features, float_rows::<$V, WF32>);
             entry!(f16, $features, float_rows::<$V, WF16>);
             entry!(bf16, $features, float_rows::<$V, WBF16>);
+            entry!(f16_x8, $features, float_rows8::<WF16>);
+            entry!(bf16_x8, $features, float_rows8::<WBF16>);
+            deq_group_entry!(deq8_f16, $features, deq_rows8::<WF16>);
+            deq_group_entry!(deq8_bf16, $features, deq_rows8::<WBF16>);
             entry!(exact_q4_0, $features, $leg::<WQ4_0>);
             entry!(exact_q4_1, $features, $leg::<WQ4_1>);
             entry!(exact_q5_0, $features, $leg::<WQ5_0>);

@@ -48,36 +48,43 @@ impl F32V for V8 {
     unsafe fn transpose_block(src: *const f32, stride: usize, valid: usize, dst: *mut f32) {
         let r: [__m256; 8] =
             core::array::from_fn(|j| _mm256_loadu_ps(src.add(j.min(valid - 1) * stride)));
-        let t: [__m256; 8] = core::array::from_fn(|j| {
-            let (a, b) = (r[2 * (j / 2)], r[2 * (j / 2) + 1]);
-            if j % 2 == 0 {
-                _mm256_unpacklo_ps(a, b)
-            } else {
-                _mm256_unpackhi_ps(a, b)
-            }
-        });
-        // tt[4h + 2p + q]: rows 4h..4h+4; q picks the low / high pair of each lane.
-        let tt: [__m256; 8] = core::array::from_fn(|j| {
-            let (h, p, q) = (j / 4, (j / 2) % 2, j % 2);
-            let (a, b) = (t[4 * h + p], t[4 * h + 2 + p]);
-            if q == 0 {
-                _mm256_shuffle_ps::<0x44>(a, b)
-            } else {
-                _mm256_shuffle_ps::<0xEE>(a, b)
-            }
-        });
-        for c in 0..8 {
-            // tt[j] holds columns j and j + 4 of rows 0..4 (its two halves), tt[4 + j] of
-            // rows 4..8.
-            let (a, b) = (tt[c % 4], tt[4 + c % 4]);
-            let v = if c < 4 {
-                _mm256_permute2f128_ps::<0x20>(a, b)
-            } else {
-                _mm256_permute2f128_ps::<0x31>(a, b)
-            };
+        for (c, v) in transpose8(r).into_iter().enumerate() {
             _mm256_storeu_ps(dst.add(c * 8), v);
         }
     }
+}
+
+/// The 8×8 transpose of `r` (row `j` = `r[j]`) in registers: result `c` holds column `c`.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t: [__m256; 8] = core::array::from_fn(|j| {
+        let (a, b) = (r[2 * (j / 2)], r[2 * (j / 2) + 1]);
+        if j % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // tt[4h + 2p + q]: rows 4h..4h+4; q picks the low / high pair of each lane.
+    let tt: [__m256; 8] = core::array::from_fn(|j| {
+        let (h, p, q) = (j / 4, (j / 2) % 2, j % 2);
+        let (a, b) = (t[4 * h + p], t[4 * h + 2 + p]);
+        if q == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    core::array::from_fn(|c| {
+        // tt[j] holds columns j and j + 4 of rows 0..4 (its two halves), tt[4 + j] of
+        // rows 4..8.
+        let (a, b) = (tt[c % 4], tt[4 + c % 4]);
+        if c < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        }
+    })
 }
 
 impl F32X for V8 {
