@@ -57,6 +57,10 @@ fn cases_with_paths() -> Vec<(String, Model, Vec<u32>, PathBuf)> {
         ("lfm2_a", "model-q8_0.gguf"),
         ("qwen2", "model-q8_0.gguf"),
         ("lfm3", "model-f32.gguf"),
+        // F16/BF16: on x86 their many-row steps take the f32 GEMM, decode rows a kernel
+        // that keeps the GEMM's chain.
+        ("qwen2", "model-f16.gguf"),
+        ("lfm2_a", "model-bf16.gguf"),
         ("lfm2_moe", "model-q4_0.gguf"),
         // IQ4_XS (8-bit kernels: a scale per sub-block of 32; IQ4_NL on the other tensors).
         ("llama", "model-iq4_xs.gguf"),
