@@ -465,10 +465,10 @@ pub(super) const FORMATS: &[Format] = &[
     weight_format!(Q5_1, Some(DType::Q8_1), exact: exact_q5_1, deq: Some(both!(deq_q5_1, DeqFn)),
         fac: Some((x86::fac::q5_1 as MatFn, Act::F32Sums)), fast: Some(all3!(q5_1_x8, packed: true)),
         arm: q5_1, 8bit: Q8_1, rows8, pairs),
-    // Q8_0: packed by 8 rows where `vpdpbusd` takes whole-byte codes; AVX2 row by row.
+    // Q8_0: packed by 8 rows (`vpdpbusd` takes codes + 128, AVX2 |codes| and signs).
     weight_format!(Q8_0, Some(DType::Q8_1), exact: exact_q8_0, deq: Some(both!(deq_q8_0, DeqFn)),
         fac: Some((x86::fac::q8_0 as MatFn, Act::F32)),
-        fast: Some([(x86::q8_0::avx2 as MatFn, false), (x86::q8_0::avxvnni, true),
+        fast: Some([(x86::q8_0::avx2 as MatFn, true), (x86::q8_0::avxvnni, true),
             (x86::q8_0::avx512, true)]),
         arm: q8_0, 8bit: Q8_1, rows8, pairs: i8mm),
     // Q2_K, Q3_K: on x86 the super-block kernels of the i-quants (`x86::iqsuper`).

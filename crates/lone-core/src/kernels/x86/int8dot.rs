@@ -393,6 +393,13 @@ impl PackW for WQ8_0U {
     const QH: bool = false;
     const QBYTES: usize = 32;
 }
+/// Q8_0 for AVX2's packed kernel: signed codes, no min (`vpsignb` moves the weights' signs
+/// onto the activations, as the row-by-row kernel does).
+impl PackW for WQ8_0 {
+    const F16S: usize = 1;
+    const QH: bool = false;
+    const QBYTES: usize = 32;
+}
 impl PackW for WQ4_0U {
     const F16S: usize = 1;
     const QH: bool = false;
@@ -455,11 +462,25 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
             macro_rules! byte_chunk {
                 ($c:literal) => {{
                     let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
-                    let codes = _mm256_xor_si256(raw, _mm256_set1_epi8(-128));
-                    for t in 0..NX {
-                        let xq = xs[t].add(b * 36 + 4);
-                        let xv = _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
-                        s[t][$c / 2] = D::acc_dot(s[t][$c / 2], codes, xv);
+                    if W::SIGNED {
+                        // Signed codes (Q8_0 on AVX2): |w| against x with w's signs, each
+                        // step widened to i32 at once (a pair of 127·127 fills an i16).
+                        let aw = _mm256_sign_epi8(raw, raw);
+                        for t in 0..NX {
+                            let xq = xs[t].add(b * 36 + 4);
+                            let xv =
+                                _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
+                            let d = D::dot(aw, _mm256_sign_epi8(xv, raw));
+                            s[t][$c / 2] = _mm256_add_epi32(s[t][$c / 2], d);
+                        }
+                    } else {
+                        let codes = _mm256_xor_si256(raw, _mm256_set1_epi8(-128));
+                        for t in 0..NX {
+                            let xq = xs[t].add(b * 36 + 4);
+                            let xv =
+                                _mm256_set1_epi32((xq.add(4 * $c) as *const i32).read_unaligned());
+                            s[t][$c / 2] = D::acc_dot(s[t][$c / 2], codes, xv);
+                        }
                     }
                 }};
             }
@@ -489,8 +510,15 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
                     }
                 }};
             }
+            debug_assert!(
+                !W::SIGNED || W::QBYTES == 32,
+                "signed codes are whole bytes"
+            );
             if W::QBYTES == 32 {
-                debug_assert_eq!(D::CHAINS, 4, "whole-byte codes need vpdpbusd");
+                debug_assert!(
+                    W::SIGNED || D::CHAINS == 4,
+                    "unsigned whole-byte codes need vpdpbusd"
+                );
                 byte_chunk!(0);
                 byte_chunk!(1);
                 byte_chunk!(2);
@@ -510,7 +538,13 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
                 let side = xs[t].add(nb * 36 + Q8_1_SIDE * b) as *const f32;
                 let d = _mm256_mul_ps(dv, _mm256_set1_ps(side.add(1).read_unaligned()));
                 let sum = side.read_unaligned();
-                let si = if D::CHAINS == 4 {
+                let si = if W::SIGNED {
+                    // Plain i32 sums (byte_chunk).
+                    _mm256_add_epi32(
+                        _mm256_add_epi32(s[t][0], s[t][1]),
+                        _mm256_add_epi32(s[t][2], s[t][3]),
+                    )
+                } else if D::CHAINS == 4 {
                     _mm256_add_epi32(
                         _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1])),
                         _mm256_add_epi32(D::acc_finish(s[t][2]), D::acc_finish(s[t][3])),
@@ -519,7 +553,11 @@ pub(in crate::kernels) unsafe fn packed_rows_n<D: IDot, W: PackW, const NX: usiz
                     _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1]))
                 };
                 let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), d, acc[t]);
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sum), v);
+                acc[t] = if W::SIGNED {
+                    v
+                } else {
+                    _mm256_fmadd_ps(mv, _mm256_set1_ps(sum), v)
+                };
             }
         }
         for t in 0..NX {

@@ -352,12 +352,12 @@ pub(crate) mod avxvnni {
     fast_entries!("avx2,fma,f16c,avxvnni", VnniVex);
 }
 
-/// The Q8_0 8-bit matrix-vector kernels per level: rows packed by 8 where `vpdpbusd` takes
-/// whole-byte codes (AVX-VNNI, AVX-512); AVX2's `vpmaddubsw` would saturate on them, so it
-/// keeps the row-by-row kernel (signed × signed by `vpsignb`).
+/// The Q8_0 8-bit matrix-vector kernels per level, rows packed by 8: `vpdpbusd` takes the
+/// whole-byte codes as `q + 128` (AVX-VNNI, AVX-512); AVX2's `vpmaddubsw` would saturate on
+/// those, so it takes `|q|` against the activations with `q`'s signs (`vpsignb`).
 pub(crate) mod q8_0 {
     use super::*;
-    entry!(avx2, "avx2,fma,f16c", legacy_rows::<Maddubs, WQ8_0>);
+    entry!(avx2, "avx2,fma,f16c", packed_rows::<Maddubs, WQ8_0>);
     entry!(
         avxvnni,
         "avx2,fma,f16c,avxvnni",
