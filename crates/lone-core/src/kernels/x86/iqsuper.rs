@@ -28,6 +28,11 @@ pub(in crate::kernels) trait SbW {
     const SPLIT: bool = false;
     unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16);
     unsafe fn super_d(w: *const u8, s: usize) -> f32;
+    /// `Some(u)`: every code `q` lies in `[-u, 63 - u]`, so the row kernel multiplies the
+    /// unsigned `q + u` by the activations (no sign moves; i16 pairs ≤ 2·63·128) and takes
+    /// `u·Σ s·Σy` (Q8_K's sums of 16) off the integer sum, the same integer. None: `|q|`
+    /// against the activations with `q`'s signs (codes up to ±127).
+    const CODE_OFFSET: Option<i8> = None;
     /// The weight is `dw·s·q − dmin·m` with an integer min `m` per 16 elements (Q2_K).
     const MIN: bool = false;
     /// Sub-block `b`'s integer mins of elements 0..16 and 16..32 ([`SbW::MIN`] formats).
@@ -93,6 +98,7 @@ pub(in crate::kernels) struct WQ3K;
 impl SbW for WQ3K {
     const SB: usize = 110;
     const SPLIT: bool = true;
+    const CODE_OFFSET: Option<i8> = Some(4);
     #[inline(always)]
     unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
         let (p, ib) = (w.add(b / 8 * 110), b % 8);
@@ -130,6 +136,7 @@ pub(in crate::kernels) struct WQ2K;
 impl SbW for WQ2K {
     const SB: usize = 84;
     const SPLIT: bool = true;
+    const CODE_OFFSET: Option<i8> = Some(0);
     const MIN: bool = true;
     #[inline(always)]
     unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
@@ -240,6 +247,7 @@ pub(in crate::kernels) struct WQ6KS;
 impl SbW for WQ6KS {
     const SB: usize = 210;
     const SPLIT: bool = true;
+    const CODE_OFFSET: Option<i8> = Some(32);
     #[inline(always)]
     unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
         // Sub-block 4n + k: nibbles of ql[64n + 32·(k % 2) ..] (low for k < 2, else high),
@@ -277,6 +285,7 @@ pub(in crate::kernels) struct WSbDecoded<W>(core::marker::PhantomData<W>);
 impl<W: SbW> SbW for WSbDecoded<W> {
     const SB: usize = 8 * super::super::DECODED_BB;
     const SPLIT: bool = W::SPLIT;
+    const CODE_OFFSET: Option<i8> = W::CODE_OFFSET;
     #[inline(always)]
     unsafe fn sub_int(w: *const u8, b: usize) -> (__m256i, i16, i16) {
         let p = w.add(b * super::super::DECODED_BB);
@@ -361,9 +370,14 @@ pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: 
             }
             // Two chains (even and odd sub-blocks): integer sums, the same in any order.
             let mut ia = [[_mm256_setzero_si256(); NX]; 2];
+            let mut scales = [(0i16, 0i16); 8];
             for j in 0..8 {
                 let (q, s0, s1) = W::sub_int(w, 8 * s + j);
-                let aq = _mm256_sign_epi8(q, q);
+                scales[j] = (s0, s1);
+                let aq = match W::CODE_OFFSET {
+                    Some(u) => _mm256_add_epi8(q, _mm256_set1_epi8(u)),
+                    None => _mm256_sign_epi8(q, q),
+                };
                 let sc = if W::SPLIT {
                     _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1))
                 } else {
@@ -371,7 +385,12 @@ pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: 
                 };
                 for t in 0..NX {
                     let y = _mm256_loadu_si256(xs[t].add(s * 292 + 4 + 32 * j) as *const __m256i);
-                    ia[j % 2][t] = D::dot_scaled(ia[j % 2][t], aq, _mm256_sign_epi8(y, q), sc);
+                    let y = if W::CODE_OFFSET.is_some() {
+                        y
+                    } else {
+                        _mm256_sign_epi8(y, q)
+                    };
+                    ia[j % 2][t] = D::dot_scaled(ia[j % 2][t], aq, y, sc);
                 }
             }
             let dw = W::super_d(w, s);
@@ -382,7 +401,19 @@ pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: 
                 [(0, 0); 8]
             };
             for t in 0..NX {
-                let isum = hsum_i32(_mm256_add_epi32(ia[0][t], ia[1][t]));
+                let mut isum = hsum_i32(_mm256_add_epi32(ia[0][t], ia[1][t]));
+                if let Some(u) = W::CODE_OFFSET.filter(|&u| u != 0) {
+                    // The offset's share: u·Σ s·Σy over the sums of 16.
+                    let bs = xs[t].add(s * 292 + 260) as *const i16;
+                    let off: i32 = (0..8)
+                        .map(|j| {
+                            i32::from(scales[j].0) * i32::from(bs.add(2 * j).read_unaligned())
+                                + i32::from(scales[j].1)
+                                    * i32::from(bs.add(2 * j + 1).read_unaligned())
+                        })
+                        .sum();
+                    isum -= i32::from(u) * off;
+                }
                 let dx = f32_at(xs[t].add(s * 292));
                 acc[t] = (isum as f32).mul_add(dw * dx, acc[t]);
                 if W::MIN {

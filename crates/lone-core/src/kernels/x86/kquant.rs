@@ -206,7 +206,7 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
                 // them in memory.)
                 let mut s = [[_mm256_setzero_si256(); 4]; NX];
                 macro_rules! chunk {
-                    ($c:expr, $lo:literal, $hi:literal) => {{
+                    ($c:expr, $lo:expr, $hi:expr) => {{
                         let raw = _mm256_loadu_si256(q.add(32 * $c) as *const __m256i);
                         let lo = _mm256_and_si256(raw, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
@@ -219,9 +219,12 @@ pub(in crate::kernels) unsafe fn q4k_x8_n<D: IDot, const NX: usize>(a: &MatArgs)
                         }
                     }};
                 }
+                // From 3 activation rows on, 2 chains per row (8 steps of at most 2·15·128:
+                // still within i16): their accumulators and the others' fit the registers.
+                let (odd_lo, odd_hi) = if NX <= 2 { (1, 3) } else { (0, 2) };
                 for c in (0..8).step_by(2) {
                     chunk!(c, 0, 2);
-                    chunk!(c + 1, 1, 3);
+                    chunk!(c + 1, odd_lo, odd_hi);
                 }
                 for t in 0..NX {
                     let da = _mm256_add_epi32(D::acc_finish(s[t][0]), D::acc_finish(s[t][1]));
