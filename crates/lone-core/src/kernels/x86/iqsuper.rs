@@ -370,10 +370,11 @@ pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: 
             }
             // Two chains (even and odd sub-blocks): integer sums, the same in any order.
             let mut ia = [[_mm256_setzero_si256(); NX]; 2];
-            let mut scales = [(0i16, 0i16); 8];
+            // The scales of the 16 groups of 16 (the offset's share, below).
+            let mut scales = [0i16; 16];
             for j in 0..8 {
                 let (q, s0, s1) = W::sub_int(w, 8 * s + j);
-                scales[j] = (s0, s1);
+                (scales[2 * j], scales[2 * j + 1]) = (s0, s1);
                 let aq = match W::CODE_OFFSET {
                     Some(u) => _mm256_add_epi8(q, _mm256_set1_epi8(u)),
                     None => _mm256_sign_epi8(q, q),
@@ -400,20 +401,20 @@ pub(in crate::kernels) unsafe fn sb_rows_n<D: IDot, W: SbW, const NX: usize>(a: 
             } else {
                 [(0, 0); 8]
             };
+            // u·s per group (|u·s| ≤ 32·128: an i16).
+            let offset = W::CODE_OFFSET.filter(|&u| u != 0).map(|u| {
+                let sv = _mm256_loadu_si256(scales.as_ptr() as *const __m256i);
+                _mm256_mullo_epi16(sv, _mm256_set1_epi16(i16::from(u)))
+            });
             for t in 0..NX {
-                let mut isum = hsum_i32(_mm256_add_epi32(ia[0][t], ia[1][t]));
-                if let Some(u) = W::CODE_OFFSET.filter(|&u| u != 0) {
-                    // The offset's share: u·Σ s·Σy over the sums of 16.
-                    let bs = xs[t].add(s * 292 + 260) as *const i16;
-                    let off: i32 = (0..8)
-                        .map(|j| {
-                            i32::from(scales[j].0) * i32::from(bs.add(2 * j).read_unaligned())
-                                + i32::from(scales[j].1)
-                                    * i32::from(bs.add(2 * j + 1).read_unaligned())
-                        })
-                        .sum();
-                    isum -= i32::from(u) * off;
+                let mut ia = _mm256_add_epi32(ia[0][t], ia[1][t]);
+                if let Some(usv) = offset {
+                    // The offset's share, Σ u·s·Σy over the sums of 16 (|Σy| ≤ 16·128: the
+                    // pairs of i16 products fit i32), taken off lane by lane.
+                    let bs = _mm256_loadu_si256(xs[t].add(s * 292 + 260) as *const __m256i);
+                    ia = _mm256_sub_epi32(ia, _mm256_madd_epi16(usv, bs));
                 }
+                let isum = hsum_i32(ia);
                 let dx = f32_at(xs[t].add(s * 292));
                 acc[t] = (isum as f32).mul_add(dw * dx, acc[t]);
                 if W::MIN {
