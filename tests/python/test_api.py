@@ -292,7 +292,9 @@ except KeyboardInterrupt:
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=60)
     assert "interrupted" in out and "after" in out, out
-    assert float(out.split("interrupted ")[1].split()[0]) < 30
+    # The interrupt comes 1 s in; the module polls every 100 ms however fast tokens come
+    # (a poll that waited for the whole answer saw it only when 4000 tokens were done).
+    assert float(out.split("interrupted ")[1].split()[0]) < 10, out
 
 
 def rss_mib() -> float:

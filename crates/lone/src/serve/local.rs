@@ -306,8 +306,13 @@ impl Request {
         self.ids.get(index).map_or(&[], Vec::as_slice)
     }
 
-    /// The next thing this request has, waiting at most `wait` for the engine.
+    /// The next thing this request has, waiting at most `wait` for the engine: also while
+    /// a request that does not stream is still gathering its answer, so that a caller polling
+    /// with a short `wait` (the Python module, to see Ctrl-C) gets control back that often
+    /// however fast the tokens come.
     pub fn next(&mut self, wait: Duration) -> Result<Step, ApiError> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut polled = false;
         loop {
             if let Some(p) = self.pending.pop_front() {
                 if p == "[DONE]" {
@@ -320,12 +325,17 @@ impl Request {
             if self.finished {
                 return Ok(Step::End);
             }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if polled && left.is_zero() {
+                return Ok(Step::Wait);
+            }
+            polled = true;
             let rx = &mut self.rx;
             // The timer is made inside the runtime (it needs its time driver).
             let got = self
                 .rt
                 .handle()
-                .block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+                .block_on(async { tokio::time::timeout(left, rx.recv()).await });
             let ev = match got {
                 Err(_) => return Ok(Step::Wait),
                 Ok(None) => {
