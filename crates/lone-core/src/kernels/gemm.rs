@@ -309,7 +309,7 @@ pub(super) fn gemm(jobs: &[Job], x: &[f32], n: usize) {
             GBUF.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 let (wf, ws) = match (g.deq, groups) {
-                    (Some(_), Some((deq_group, p))) => {
+                    (Some(deq), Some((deq_group, p))) => {
                         let ws = k + 16;
                         grow(&mut buf, rows * ws);
                         for r in (0..in_groups).step_by(packed::GROUP) {
@@ -327,7 +327,6 @@ pub(super) fn gemm(jobs: &[Job], x: &[f32], n: usize) {
                             };
                         }
                         for r in in_groups..rows {
-                            let deq = g.deq.expect("matched above");
                             // SAFETY: rows past the last whole group are stored as they were
                             // in the packed copy; buf as above.
                             unsafe {
